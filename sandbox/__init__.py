@@ -1,0 +1,65 @@
+"""sandboxrun: run untrusted commands with real OS isolation, get a structured result.
+
+    >>> import sandbox
+    >>> r = sandbox.run(["python3", "-c", "print(6*7)"])
+    >>> r.status, r.stdout
+    ('ok', '42\\n')
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["run", "run_async", "run_many", "start", "Result", "Profile", "load_profile",
+           "SandboxError", "InputError", "ProfileError"]
+
+from .errors import InputError, ProfileError, SandboxError
+
+if TYPE_CHECKING:
+    from .profile import Profile
+    from .result import Result
+
+
+def run(command: Any, **kwargs: Any) -> Result:
+    """Run a command in a sandbox. See sandbox.supervisor.run."""
+    from .supervisor import run as _run
+
+    return _run(command, **kwargs)
+
+
+async def run_async(command: Any, **kwargs: Any) -> Result:
+    """asyncio variant: the run is supervised in a worker thread; the loop never blocks."""
+    import asyncio
+
+    return await asyncio.to_thread(run, command, **kwargs)
+
+
+def run_many(requests: Any, **kwargs: Any) -> Any:
+    from .batch import run_many as _run_many
+
+    return _run_many(requests, **kwargs)
+
+
+def start(command: Any, **kwargs: Any) -> Any:
+    from .sessions import start as _start
+
+    return _start(command, **kwargs)
+
+
+def load_profile(ref: str = "strict") -> Profile:
+    from .profile import load
+
+    return load(ref)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Result":
+        from .result import Result
+
+        return Result
+    if name == "Profile":
+        from .profile import Profile
+
+        return Profile
+    raise AttributeError(name)

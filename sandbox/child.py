@@ -1,0 +1,245 @@
+"""The sandbox's init: runs in the forked child, applies every layer in order,
+spawns the command, and stays as PID 1 to reap and forward signals.
+
+Order (each step from its own module; why it sits where it does):
+  session       setsid: a new session, detached from the caller's terminal (TIOCSTI)
+  pdeathsig     SIGKILL when the forker dies, so nothing runs unsupervised
+  cgroup        join the run's cgroup before any fork, so every descendant is counted
+  namespaces    mount, net, ipc, uts, cgroup (pid and user were made by the forker)
+  filesystem    tmpfs root, binds, /tmp, /dev, /proc, pivot_root (needs CAP_SYS_ADMIN)
+  network       loopback up (needs CAP_NET_ADMIN in the new net namespace)
+  hostname      (needs CAP_SYS_ADMIN in the new uts namespace)
+  rlimits       before dropping privileges: raising is impossible afterwards anyway
+  fds           close everything above 2 but the report pipe (CLOEXEC) (CVE-2024-21626)
+  identity      bounding set emptied, then uid/gid (or a nested user namespace)
+  capabilities  every set cleared
+  no_new_privs  exec can never gain privileges (setuid, file caps); not dumpable
+  landlock      filesystem rules a second time, so a mount mistake is not an escape
+  seccomp       last: the filter still allows what spawning the command needs
+  exec          posix_spawn (vfork+exec: no second Python fork), then init duties
+
+The init keeps the same identity and filter as the command: it needs no privilege
+to reap and to signal processes of its own uid. Errors go to the supervisor as
+one line on the report pipe: "E <step> <errno> <message>".
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+
+from .plan import RunPlan
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# Python ignores these; the command must start with the defaults.
+SPAWN_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED)
+
+
+CHILD_MODULES = ("isolation.syscalls", "isolation.filesystem", "isolation.identity", "isolation.landlock",
+                 "isolation.network", "isolation.rlimits", "isolation.seccomp")
+
+
+def preload() -> None:
+    """Import every module the child uses, in the forker, before any fork: after
+    pivot_root the package is no longer reachable, and forked children then share
+    the pages instead of each importing again."""
+    import importlib
+
+    import prctl  # noqa: F401
+
+    for mod in CHILD_MODULES:
+        try:
+            importlib.import_module(f"sandbox.{mod}")
+        except ImportError:
+            pass  # the child reports it as a setup error at the step that needs it
+
+
+class StepError(Exception):
+    def __init__(self, step: str, err: int, message: str) -> None:
+        super().__init__(message)
+        self.step, self.errno, self.message = step, err, message
+
+
+def _report(fd: int, line: str) -> None:
+    data = (line.replace("\n", " ") + "\n").encode(errors="replace")
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+def find_executable(name: str, path: str) -> str:
+    """Resolve argv[0] inside the sandbox with the sandbox's PATH (like execvp)."""
+    if "/" in name:
+        return name
+    denied = None
+    for d in path.split(":"):
+        candidate = os.path.join(d or ".", name)
+        if os.path.isfile(candidate):
+            if os.access(candidate, os.X_OK):
+                return candidate
+            denied = candidate
+    if denied:
+        return denied  # posix_spawn then says EACCES -> 126
+    raise StepError("exec", 2, f"{name}: command not found")
+
+
+def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str, float]) -> None:
+    step = ["session"]
+    t = time.perf_counter()
+
+    def mark(name: str) -> None:
+        """Start step `name`; with tracing, charge the time so far to the previous step."""
+        nonlocal t
+        if plan.trace:
+            now = time.perf_counter()
+            trace[step[0]] = (now - t) * 1000
+            t = now
+        step[0] = name
+
+    import prctl  # already imported by the forker: costs nothing here
+
+    try:
+        os.setsid()
+        prctl.set_name("sandboxrun-init")
+        mark("pdeathsig")
+        prctl.set_pdeathsig(signal.SIGKILL)  # (getppid() is 0 here: the parent is outside our pid ns)
+        mark("cgroup")
+        for fd in cgroup_fds:
+            os.write(fd, b"0")
+            os.close(fd)
+        mark("namespaces")
+        if plan.unshare_flags:
+            from .isolation.syscalls import unshare
+
+            unshare(plan.unshare_flags)
+        if plan.view is not None:
+            mark("filesystem")
+            from .isolation.filesystem import build_view
+
+            sub = [""]
+            try:
+                build_view(plan.view, sub)
+            except OSError as e:
+                raise StepError(f"filesystem:{sub[0]}", e.errno or 0, str(e)) from None
+        else:
+            mark("cwd")
+            os.chdir(plan.cwd)
+        if plan.loopback:
+            mark("network")
+            from .isolation.network import loopback_up
+
+            loopback_up()
+        if plan.hostname:
+            mark("hostname")
+            import socket
+
+            socket.sethostname(plan.hostname)
+        mark("rlimits")
+        from .isolation import rlimits
+
+        rlimits.apply(plan.rlimits)
+        mark("fds")
+        os.closerange(3, report_fd)
+        os.closerange(report_fd + 1, 1 << 20)
+        mark("identity")
+        from .isolation import identity
+
+        identity.drop_bounding_set()
+        if plan.nested_userns:
+            identity.enter_user_namespace(plan.uid, plan.gid)
+        else:
+            identity.become(plan.uid, plan.gid)
+        mark("capabilities")
+        identity.clear_capabilities()
+        mark("no_new_privs")
+        identity.no_new_privs()
+        if plan.landlock != "off":
+            mark("landlock")
+            from .isolation import landlock
+
+            abi = landlock.abi_version()
+            if abi == 0:
+                if plan.landlock == "required":
+                    raise StepError("landlock", 95, "landlock is not available on this kernel")
+            else:
+                abi = landlock.restrict(plan.landlock_ro, plan.landlock_rw)
+            _report(report_fd, f"A landlock={abi}")
+        if plan.seccomp_bpf:
+            mark("seccomp")
+            from .isolation.seccomp import load_bpf
+
+            load_bpf(plan.seccomp_bpf)
+        mark("exec")
+    except StepError:
+        raise
+    except OSError as e:
+        raise StepError(step[0], e.errno or 0, str(e)) from None
+    except Exception as e:  # a bug or an unexpected refusal: still a named setup error
+        raise StepError(step[0], 0, f"{type(e).__name__}: {e}") from None
+
+
+def _spawn(plan: RunPlan) -> int:
+    path = find_executable(plan.argv[0], plan.env.get("PATH", "/usr/bin:/bin"))
+    try:
+        if plan.pty:  # same session (we own the terminal), own foreground process group
+            pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS)
+            os.tcsetpgrp(0, pid)
+            return pid
+        return os.posix_spawn(path, plan.argv, plan.env, setsid=True, setsigdef=SPAWN_DEFAULT_SIGNALS)
+    except OSError as e:
+        err = e.errno or 0
+        what = {2: "command not found", 13: "permission denied", 8: "exec format error",
+                21: "is a directory", 7: "argument list too long"}.get(err, os.strerror(err))
+        raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
+
+
+def init_loop(main_pid: int, report_fd: int) -> None:
+    """PID 1 duties: forward signals to everything, reap orphans, report the main exit."""
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(-1, signum)  # every process we may signal in this pid namespace
+        except OSError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    while True:
+        try:
+            pid, status, ru = os.wait4(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        if pid == main_pid:
+            total = resource.getrusage(resource.RUSAGE_CHILDREN)
+            _report(report_fd, f"X {status} {total.ru_utime:.6f} {total.ru_stime:.6f} {total.ru_maxrss}")
+            os._exit(0)  # the kernel now kills whatever is left in the namespace
+
+
+def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
+    """Entry point in the forked child. Never returns."""
+    try:
+        trace: dict[str, float] = {}
+        setup(plan, report_fd, cgroup_fds, trace)
+        if plan.pty:
+            import fcntl
+            import termios
+
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        t = time.perf_counter()
+        pid = _spawn(plan)
+        if plan.trace:
+            trace["exec"] = (time.perf_counter() - t) * 1000
+        if trace:
+            _report(report_fd, "T " + " ".join(f"{k}={v:.4f}" for k, v in trace.items()))
+        _report(report_fd, f"S {pid}")
+        init_loop(pid, report_fd)
+    except StepError as e:
+        _report(report_fd, f"E {e.step} {e.errno} {e.message}")
+        os._exit(125)
+    except BaseException as e:  # never let Python unwind into the forker's code
+        _report(report_fd, f"E child 0 {type(e).__name__}: {e}")
+        os._exit(125)
+    os._exit(125)

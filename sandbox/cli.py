@@ -1,0 +1,300 @@
+"""Command line: `sandboxrun [OPTIONS] -- CMD ARGS...` and subcommands.
+
+Exit codes: the command's own; 128+N when a signal ended it; 124 on timeout (as
+timeout(1)); 125 when blocked or when the sandbox could not be set up; 2 for bad
+arguments, profiles or payloads; 130 on Ctrl-C. Errors are one line, never a
+traceback (`--debug` shows one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from .errors import EXIT_SANDBOX, EXIT_USAGE, SandboxError
+
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+
+SUBCOMMANDS = ("run", "check", "profiles", "doctor", "start", "list", "poll", "log", "write", "send-keys",
+               "submit", "paste", "kill", "wait", "clear", "remove", "payload", "python", "mcp", "batch")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"sandboxrun: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _env_pairs(values: Sequence[str] | None) -> dict[str, str]:
+    out = {}
+    for item in values or ():
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SandboxError(f"--env {item!r}: expected NAME=VALUE")
+        out[k] = v
+    return out
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", "-p", default="strict", help="built-in profile name or a TOML file (default: strict)")
+    p.add_argument("--timeout", "-t", help="wall timeout, e.g. 30, 30s, 2m (0 = none, if the profile allows)")
+    p.add_argument("--memory", help="memory limit, e.g. 256MiB")
+    p.add_argument("--cwd", help="workdir to mount read-write (default: a fresh empty directory)")
+    p.add_argument("--env", "-e", action="append", metavar="K=V", help="set a variable inside (repeatable)")
+    p.add_argument("--ro-bind", action="append", metavar="SRC[:DST]", help="bind a host path read-only")
+    p.add_argument("--bind", action="append", metavar="SRC[:DST]", help="bind a host path read-write")
+    p.add_argument("--network", choices=("none", "loopback", "host"), help="network mode")
+    p.add_argument("--stdin-file", metavar="FILE", help="feed this file to the command's stdin")
+    p.add_argument("--shell", action="store_true", help="run CMD with /bin/sh -c inside the sandbox")
+    p.add_argument("--json", action="store_true", help="print the Result as JSON instead of streaming output")
+    p.add_argument("--trace", action="store_true", help="record the cost of each child setup step")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
+
+
+def run_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    kw: dict[str, Any] = {"profile": ns.profile}
+    if ns.timeout is not None:
+        kw["timeout"] = ns.timeout
+    if ns.memory is not None:
+        kw["memory"] = ns.memory
+    if ns.cwd is not None:
+        kw["cwd"] = ns.cwd
+    env = _env_pairs(ns.env)
+    if env:
+        kw["env"] = env
+    if ns.ro_bind:
+        kw["ro_bind"] = ns.ro_bind
+    if ns.bind:
+        kw["bind"] = ns.bind
+    if ns.network:
+        kw["network"] = ns.network
+    if ns.trace:
+        kw["trace"] = True
+    return kw
+
+
+def exit_code_for(result: Any) -> int:
+    st = result.status
+    if st in ("blocked", "setup_error"):
+        return EXIT_SANDBOX
+    if st == "timeout":
+        return EXIT_TIMEOUT
+    if result.exit_code >= 0:
+        return int(result.exit_code)
+    if result.signal:
+        try:
+            return 128 + int(signal.Signals[result.signal])
+        except KeyError:
+            pass
+    return EXIT_SANDBOX if st in ("memory_limit", "cpu_limit") else 1
+
+
+def explain(result: Any) -> str | None:
+    """One line for stderr when the run did not end on its own."""
+    st = result.status
+    if st == "blocked":
+        return f"sandboxrun: blocked: {result.block_reason}"
+    if st == "setup_error":
+        return f"sandboxrun: sandbox setup failed: {result.error}"
+    if st == "timeout":
+        return f"sandboxrun: timed out ({result.error})"
+    if st in ("memory_limit", "cpu_limit"):
+        return f"sandboxrun: {st.replace('_', ' ')}: {result.error}"
+    if st == "signaled":
+        return f"sandboxrun: killed by {result.signal}"
+    if result.stdout_truncated or result.stderr_truncated:
+        return (f"sandboxrun: output truncated (stdout {result.stdout_bytes} bytes, "
+                f"stderr {result.stderr_bytes} bytes)")
+    return None
+
+
+def _write_through(stream: Any) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        try:
+            stream.write(data)
+            stream.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    return write
+
+
+def cmd_run(argv: list[str]) -> int:
+    p = _Parser(prog="sandboxrun", description="Run CMD in a sandbox.",
+                usage="sandboxrun [run] [OPTIONS] -- CMD [ARGS...]")
+    add_run_options(p)
+    p.add_argument("--yield-ms", type=int, help="become a background session after this many ms")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    ns = p.parse_args(argv)
+    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not cmd:
+        p.error("no command given (usage: sandboxrun [OPTIONS] -- CMD [ARGS...])")
+    kw = run_kwargs(ns)
+    if ns.yield_ms is not None:
+        from .sessions import run_or_yield
+
+        res = run_or_yield(cmd, yield_after=ns.yield_ms / 1000, shell=ns.shell, **kw)
+        print(res.to_json(indent=2))
+        return 0 if res.status == "running" else exit_code_for(res)
+    from . import supervisor
+
+    supervisor.use_direct_forker()
+    if ns.stdin_file:
+        try:
+            kw["stdin_fd"] = os.open(ns.stdin_file, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise SandboxError(f"--stdin-file {ns.stdin_file}: {e.strerror}") from None
+    if not ns.json:
+        kw["on_stdout"] = _write_through(sys.stdout.buffer)
+        kw["on_stderr"] = _write_through(sys.stderr.buffer)
+    shell_cmd: Any = " ".join(cmd) if ns.shell and len(cmd) > 1 else (cmd[0] if ns.shell else cmd)
+    res = supervisor.run(shell_cmd, shell=ns.shell, **kw)
+    if ns.json:
+        print(res.to_json(indent=2))
+    else:
+        line = explain(res)
+        if line:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+    return exit_code_for(res)
+
+
+def cmd_check(argv: list[str]) -> int:
+    p = _Parser(prog="sandboxrun check", description="Say whether the first-line filter lets CMD through.")
+    p.add_argument("--profile", "-p", default="strict")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not cmd:
+        p.error("no command given")
+    import shlex
+
+    from .filter import check
+    from .profile import load
+
+    prof = load(ns.profile)
+    text = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    v = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
+    if ns.json:
+        print(json.dumps({"allowed": v.allowed, "rule": v.rule, "reason": v.reason}))
+    else:
+        print("allowed" if v.allowed else f"blocked: {v.reason}")
+    return 0 if v.allowed else 1
+
+
+def cmd_profiles(argv: list[str]) -> int:
+    p = _Parser(prog="sandboxrun profiles", description="List profiles, or show one resolved.")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--json", action="store_true")
+    ns = p.parse_args(argv)
+    from .profile import builtin_names, load
+
+    if ns.action == "show":
+        if not ns.name:
+            p.error("profiles show NAME")
+        prof = load(ns.name)
+        print(json.dumps(prof.to_dict(), indent=2))
+        return 0
+    rows = []
+    for name in builtin_names():
+        prof = load(name)
+        rows.append({"name": name, "description": " ".join(prof.description.split())})
+    if ns.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['name']:<10} {r['description']}")
+    return 0
+
+
+def _dispatch(name: str) -> Callable[[list[str]], int]:
+    if name == "run":
+        return cmd_run
+    if name == "check":
+        return cmd_check
+    if name == "profiles":
+        return cmd_profiles
+    if name == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main
+    if name in ("start", "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "wait",
+                "clear", "remove"):
+        from .sessions_cli import main as sessions_main
+
+        return lambda a: sessions_main([name, *a])
+    if name == "payload":
+        from .payload import main as payload_main
+
+        return payload_main
+    if name == "python":
+        from .coderunner import main as python_main
+
+        return python_main
+    if name == "mcp":
+        from .mcp_server import main as mcp_main
+
+        return mcp_main
+    if name == "batch":
+        from .batch import main as batch_main
+
+        return batch_main
+    raise AssertionError(name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if args[:1] in (["-h"], ["--help"]):
+        print("usage: sandboxrun [run] [OPTIONS] -- CMD [ARGS...]\n       sandboxrun SUBCOMMAND ...\n\n"
+              "subcommands: " + ", ".join(SUBCOMMANDS) + "\n\nsandboxrun run --help for run options.")
+        return 0
+    if args[:1] == ["--version"]:
+        from . import __version__
+
+        print(f"sandboxrun {__version__}")
+        return 0
+    handler = cmd_run
+    if args and args[0] in SUBCOMMANDS:
+        handler = _dispatch(args[0])
+        args = args[1:]
+
+    def on_term(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("sandboxrun: interrupted; sandbox torn down", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SandboxError as e:
+        if debug:
+            raise
+        print(f"sandboxrun: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001 - a CLI answers with one line, not a traceback
+        if debug:
+            raise
+        print(f"sandboxrun: internal error: {type(e).__name__}: {e} (rerun with --debug for details)",
+              file=sys.stderr)
+        return EXIT_SANDBOX
+
+
+def entry() -> None:
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    sys.exit(code)

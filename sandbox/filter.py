@@ -1,0 +1,601 @@
+"""First-line command filter: a convenience that catches obvious foot-guns, NOT a security boundary.
+
+The real containment is the isolation layer (namespaces, landlock, seccomp).  This module only
+stops commands that are clearly destructive before any sandbox is even built, with a readable reason.
+
+How a command is inspected
+--------------------------
+The command string (callers join argv with ``shlex.join``) is tokenised by a small, quote-aware
+shell lexer (linear time, no recursion for nesting).  It splits the text into *simple commands* at
+``;``, ``&``, ``&&``, ``||``, ``|``, ``|&``, newlines, ``(``/``)``, and at command substitutions
+(``$(...)`` and backticks, including those inside double quotes).  Quotes and backslashes are
+removed from words, redirections are set aside, and leading noise is stripped from each simple
+command: ``VAR=value`` assignments, reserved words (``if``, ``then``, ``do``, ``!``, ``{`` ...) and
+wrappers such as ``sudo``, ``env``, ``nice``, ``timeout``, ``xargs``, ``busybox`` (with their options).
+The command word is reduced to its basename (``/sbin/reboot`` -> ``reboot``).  Payloads of
+``sh -c``/``bash -c``/``su -c``/``eval`` are inspected recursively (depth-limited).
+
+Built-in rules then match at the *command word position* of each simple command, so
+``grep mkfs docs.txt``, ``echo reboot-notes`` and ``cat shutdown.txt`` are allowed while
+``ls; sudo /sbin/reboot`` and ``echo "$(mkfs.ext4 /dev/sda)"`` are blocked.  Exceptions: the
+``redirect-blockdev`` rule looks at the redirections of a simple command, and ``fork-bomb`` is pure
+syntax, so it is searched anywhere in the raw text (it is commonly wrapped in ``sh -c '...'``).
+
+Edge-case decisions
+-------------------
+* Commands longer than 1 MiB are blocked with rule ``too-long`` (argv cannot carry a single
+  argument over 128 KiB, so anything that large is not a normal command); everything below that is
+  scanned in full.  This applies only when at least one check (blocklist, extras, allowlist) is on.
+* More than ``_MAX_DEPTH`` nested ``sh -c`` payloads -> blocked with rule ``too-deep``.
+* ``extra_block`` patterns are searched (``re.search``) in the raw command string; an invalid pattern
+  raises ``ValueError``.  Their rule ids are ``custom-1``, ``custom-2``, ... in the given order.
+  Their running time is the profile author's responsibility.
+* The allowlist is quote-aware: ``git commit -m 'a; b'`` is a single simple command and may match
+  ``git *``; an *unquoted* ``;``, ``&``, ``|``, newline, ``(``/``)``, redirect, comment, or any
+  ``$(``/backtick (also inside double quotes) makes the command non-simple -> ``rule="allowlist"``.
+* Misparses err on the side of treating more words as commands (heredoc bodies, for example, are
+  scanned like commands), never on the side of hiding them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["MAX_COMMAND_LEN", "Verdict", "check"]
+
+MAX_COMMAND_LEN = 1 << 20  # characters; longer commands are blocked with rule "too-long"
+_MAX_DEPTH = 8  # nested `sh -c` / `eval` payloads inspected before giving up with "too-deep"
+_SNIPPET = 120  # characters of the offending command quoted in a reason
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    rule: str | None  # id of the rule that blocked ("rm-root", "custom-1", "allowlist", ...)
+    reason: str | None  # human sentence explaining the block
+
+
+_ALLOWED = Verdict(True, None, None)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    id: str
+    scope: str  # "cmd": re.match on a normalised simple command; "redir": re.match on each
+    # redirection ("> /dev/sda"); "raw": re.search on the raw command text
+    regex: re.Pattern[str]
+    description: str
+
+
+# --------------------------------------------------------------------------- built-in rules
+# Regexes run against normalised text where words are separated by single spaces.  They must stay
+# linear: anchored matches, `(?:.* )?` only inside independent lookaheads, possessive quantifiers
+# wherever a run could otherwise be re-scanned.
+_BLOCKDEV = r"/+dev/+(?:[shv]d[a-z]|xvd[a-z]|nvme[0-9]|mmcblk[0-9]|md[0-9]|dm-[0-9]|disk/|mapper/)"
+_ROOT_ARG = r"(?=(?:.* )?/++\*?+(?: |$))"  # some argument is exactly "/" or "/*" (also "//")
+_END = r"(?: |$)"
+
+_RULE_SPECS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "rm-root",
+        "cmd",
+        # (recursive flag AND a "/" argument) OR --no-preserve-root anywhere
+        r"rm (?:(?=(?:.* )?--no-preserve-root" + _END + r")"
+        r"|(?=(?:.* )?(?:-(?=[a-zA-Z]*[rR])[a-zA-Z]++|--recursive)" + _END + r")" + _ROOT_ARG + r")",
+        "recursive delete of /",
+    ),
+    (
+        "mkfs",
+        "cmd",
+        r"(?:mkfs(?:\.[^ ]*+)?|mke2fs|mkswap|wipefs)" + _END,
+        "creating or wiping a filesystem destroys the device's data",
+    ),
+    (
+        "dd-blockdev",
+        "cmd",
+        r"dd (?=(?:.* )?of=" + _BLOCKDEV + r")",
+        "dd writing to a block device",
+    ),
+    (
+        "redirect-blockdev",
+        "redir",
+        r"[0-9]*+(?:>>?|>\||&>>?|<>) " + _BLOCKDEV,
+        "shell redirect writing to a block device",
+    ),
+    (
+        "chmod-root",
+        "cmd",
+        r"chmod (?=(?:.* )?(?:-(?=[cfvR]*R)[cfvR]++|--recursive)" + _END + r")" + _ROOT_ARG,
+        "recursive chmod of /",
+    ),
+    (
+        "chown-root",
+        "cmd",
+        r"(?:chown|chgrp) (?=(?:.* )?(?:-(?=[cfvhHLPR]*R)[cfvhHLPR]++|--recursive)" + _END + r")"
+        + _ROOT_ARG,
+        "recursive chown/chgrp of /",
+    ),
+    (
+        "fork-bomb",
+        "raw",
+        # name(){ name|name& };name  -- whitespace-tolerant; lookbehind keeps the search linear
+        r"(?<![\w:.-])([\w:.-]++)\s*+\(\s*+\)\s*+\{\s*+\1\s*+\|\s*+\1\s*+&\s*+;?\s*+\}\s*+;?\s*+\1",
+        "fork bomb",
+    ),
+    (
+        "shutdown",
+        "cmd",
+        r"(?:(?:shutdown|reboot|halt|poweroff)" + _END
+        + r"|systemctl (?=(?:.* )?(?:poweroff|reboot|halt|kexec|soft-reboot)(?:\.target)?" + _END + r"))",
+        "shutting down or rebooting the host",
+    ),
+    (
+        "init-runlevel",
+        "cmd",
+        r"(?:init|telinit) [06]" + _END,
+        "switching to runlevel 0 (halt) or 6 (reboot)",
+    ),
+    (
+        "firewall-disable",
+        "cmd",
+        r"(?:systemctl (?=(?:.* )?(?:stop|disable|mask|kill)" + _END + r")"
+        r"(?=(?:.* )?(?:firewalld|ufw|nftables|ip6?tables)(?:\.service)?" + _END + r")"
+        r"|service (?:firewalld|ufw|nftables|ip6?tables) stop" + _END
+        + r"|ufw (?=(?:.* )?disable" + _END + r"))",
+        "disabling the host firewall",
+    ),
+    (
+        "iptables-flush",
+        "cmd",
+        r"(?:ip6?tables(?:-legacy|-nft)? (?=(?:.* )?(?:-F[^ ]*+|--flush)" + _END + r")"
+        r"|nft (?=(?:.* )?flush" + _END + r"))",
+        "flushing the host firewall rules",
+    ),
+)
+
+
+# Every "cmd" rule starts with one of these command words; segments whose command word is not one of
+# them skip the rule regexes entirely (keeps the per-segment cost flat for huge inputs).
+_CMD_TRIGGER = (
+    r"rm|mkfs(?:\.[^ ]*+)?|mke2fs|mkswap|wipefs|dd|chmod|chown|chgrp|shutdown|reboot|halt|poweroff"
+    r"|systemctl|init|telinit|service|ufw|ip6?tables(?:-legacy|-nft)?|nft"
+)
+
+
+@dataclass(frozen=True)
+class _RuleSet:
+    raw: tuple[_Rule, ...]
+    redir: tuple[_Rule, ...]
+    cmd: tuple[_Rule, ...]
+    trigger: re.Pattern[str]
+
+
+@functools.cache
+def _rules() -> _RuleSet:
+    # Compiled on first use so that importing this module stays cheap.
+    rules = [_Rule(i, s, re.compile(p, re.DOTALL), d) for i, s, p, d in _RULE_SPECS]
+    return _RuleSet(
+        raw=tuple(r for r in rules if r.scope == "raw"),
+        redir=tuple(r for r in rules if r.scope == "redir"),
+        cmd=tuple(r for r in rules if r.scope == "cmd"),
+        trigger=re.compile(_CMD_TRIGGER),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_extra(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except (re.error, TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise ValueError(f"invalid extra_block pattern {pattern!r}: {e}") from None
+
+
+# --------------------------------------------------------------------------- lexer
+# One token regex per context; every character is matched by some alternative, so the scanner always
+# advances.  Possessive quantifiers keep each token match linear in the token's length, and the
+# common tokens swallow trailing blanks / runs of separators so the Python loop runs once per word.
+@functools.cache
+def _lexer() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    word = r"[^ \t\n\r'\"\\;&|()<>`$]++"
+    cmd = re.compile(
+        rf"""
+          (?P<wordsp>{word})[ \t]++
+        | (?P<word>{word}|\$(?!\())
+        | "(?P<dqs>[^"\\$`]*+)"
+        | (?P<ws>[ \t]++)
+        | (?P<redir>[0-9]*+(?:>>|>\||>&|&>>|&>|<<<|<<-|<<|<>|<&|[<>]))[ \t]*+
+        | (?P<sub>\$\()
+        | (?P<op>(?:(?:&&|\|\||;;&|;;|;&|\|&|[;&|\n\r])[ \t]*+)++)
+        | (?P<open>\(++)
+        | (?P<close>\))
+        | (?P<bq>`)
+        | (?P<sq>'[^']*+'?)
+        | (?P<dq>")
+        | (?P<esc>\\.?)
+        """,
+        re.VERBOSE | re.DOTALL,
+    )
+    dq = re.compile(
+        r"(?P<text>[^\"\\$`]++|\$(?!\())|(?P<esc>\\.?)|(?P<sub>\$\()|(?P<bq>`)|(?P<end>\")",
+        re.DOTALL,
+    )
+    assign = re.compile(r"[A-Za-z_][A-Za-z0-9_]*+(?:\[[^\]]*+\])?\+?=")
+    short_c = re.compile(r"-[A-Za-z]*c")  # shell option cluster containing -c (-c, -ec, -lc ...)
+    return cmd, dq, assign, short_c
+
+
+# Frame kinds: the lexer keeps an explicit stack (no recursion) for $( ... ), `...` and "...".
+_TOP, _PAREN, _BQ, _DQ = range(4)
+_MAX_NESTING = 64  # nested $( ` " frames; real commands use a handful, deeper is treated as hostile
+
+
+class _TooDeep(Exception):
+    pass
+
+
+class _Frame:
+    __slots__ = ("depth", "kind", "parts", "pending", "redirs", "words")
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.words: list[str] = []
+        self.parts: list[str] = []  # pieces of the word being built; non-empty == inside a word
+        self.redirs: list[str] = []
+        self.pending: str | None = None  # redirect operator waiting for its target word
+        self.depth = 0  # unmatched "(" inside a $( ... ) frame
+
+
+Segment = tuple[list[str], list[str]]  # (words, redirections)
+
+
+def _end_word(f: _Frame) -> None:
+    w = "".join(f.parts)
+    f.parts.clear()
+    if f.pending is not None:
+        f.redirs.append(f"{f.pending} {w}")
+        f.pending = None
+    else:
+        f.words.append(w)
+
+
+def _end_segment(f: _Frame, segments: list[Segment]) -> None:
+    if f.parts:
+        _end_word(f)
+    if f.words or f.redirs:
+        segments.append((f.words, f.redirs))
+        f.words, f.redirs = [], []
+    f.pending = None
+
+
+def _lex(s: str) -> tuple[list[Segment], bool]:
+    """Split ``s`` into simple commands.  Returns (segments, simple) where ``simple`` is False if any
+    operator, redirection, substitution or comment occurred outside single quotes.
+    Raises _TooDeep when substitutions/quotes nest deeper than _MAX_NESTING."""
+    cmd_match = _lexer()[0].match
+    dq_match = _lexer()[1].match
+    segments: list[Segment] = []
+    simple = True
+    stack = [_Frame(_TOP)]
+    cur = stack[0]  # innermost command frame (never a _DQ frame)
+    in_dq = False
+    pos, n = 0, len(s)
+
+    def push(kind: int) -> _Frame:
+        if len(stack) >= _MAX_NESTING:
+            raise _TooDeep
+        f = _Frame(kind)
+        stack.append(f)
+        return f
+
+    def pop() -> tuple[_Frame, bool]:
+        _end_segment(stack.pop(), segments)
+        if stack[-1].kind == _DQ:
+            return stack[-2], True
+        return stack[-1], False
+
+    while pos < n:
+        if in_dq:
+            m = dq_match(s, pos)
+            assert m is not None  # the alternatives cover every character
+            pos = m.end()
+            kind = m.lastgroup
+            if kind == "text":
+                cur.parts.append(m.group())
+            elif kind == "esc":
+                t = m.group()
+                if len(t) == 2 and t[1] in '$`"\\\n':
+                    if t[1] != "\n":
+                        cur.parts.append(t[1])
+                else:
+                    cur.parts.append(t)
+            elif kind == "end":
+                stack.pop()
+                in_dq = False
+            else:  # sub / bq: a command substitution inside double quotes
+                simple = False
+                cur = push(_PAREN if kind == "sub" else _BQ)
+                in_dq = False
+            continue
+
+        m = cmd_match(s, pos)
+        assert m is not None
+        pos = m.end()
+        kind = m.lastgroup
+        if kind == "wordsp" or kind == "word":
+            t = m.group(kind)
+            if t[0] == "#" and not cur.parts:
+                # A comment runs to the end of the line; the newline itself is still an operator.
+                simple = False
+                nl = s.find("\n", m.start())
+                pos = n if nl < 0 else nl
+            elif kind == "word":
+                cur.parts.append(t)
+            elif cur.parts or cur.pending is not None:
+                cur.parts.append(t)
+                _end_word(cur)
+            else:
+                cur.words.append(t)  # fast path: a plain word followed by blanks
+        elif kind == "ws":
+            if cur.parts:
+                _end_word(cur)
+        elif kind == "sq":
+            t = m.group()
+            cur.parts.append(t[1:-1] if len(t) > 1 and t[-1] == "'" else t[1:])
+        elif kind == "dqs":
+            cur.parts.append(m.group(kind))  # double-quoted text without $, ` or \\: nothing to expand
+        elif kind == "dq":
+            cur.parts.append("")  # "" is still a (possibly empty) word
+            push(_DQ)
+            in_dq = True
+        elif kind == "esc":
+            t = m.group()
+            if t != "\\\n":  # backslash-newline is a line continuation
+                cur.parts.append(t[1:])
+        elif kind == "redir":
+            simple = False
+            if cur.parts:
+                _end_word(cur)
+            cur.pending = m.group("redir")
+        elif kind == "sub":
+            simple = False
+            cur = push(_PAREN)
+        elif kind == "bq":
+            simple = False
+            if cur.kind == _BQ:
+                cur, in_dq = pop()
+            else:
+                cur = push(_BQ)
+        elif kind == "close":
+            simple = False
+            if cur.kind == _PAREN and cur.depth == 0:
+                cur, in_dq = pop()
+            else:
+                cur.depth = max(cur.depth - 1, 0)
+                _end_segment(cur, segments)
+        else:  # op / open
+            simple = False
+            if kind == "open":
+                cur.depth += len(m.group())
+            _end_segment(cur, segments)
+
+    for f in stack:
+        if f.kind != _DQ:
+            _end_segment(f, segments)
+    if len(segments) > 1:
+        simple = False
+    return segments, simple
+
+
+# --------------------------------------------------------------------------- normalisation
+_RESERVED = frozenset({"!", "{", "}", "if", "then", "else", "elif", "do", "while", "until", "time", "coproc"})
+
+def _opts(spec: str) -> frozenset[str]:
+    return frozenset(spec.split())
+
+
+# wrapper -> (options that take a separate argument, positional arguments before the wrapped command)
+_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
+    "sudo": (
+        _opts(
+            "-u -g -h -p -C -D -r -t -U -T --user --group --host --prompt --close-from --chdir "
+            "--role --type --other-user --command-timeout"
+        ),
+        0,
+    ),
+    "doas": (frozenset({"-u", "-C"}), 0),
+    "env": (frozenset({"-u", "-C", "-S", "--unset", "--chdir", "--split-string"}), 0),
+    "nice": (frozenset({"-n", "--adjustment"}), 0),
+    "ionice": (frozenset({"-c", "-n", "-p", "-P", "-u", "--class", "--classdata"}), 0),
+    "time": (frozenset({"-f", "-o", "--format", "--output"}), 0),
+    "timeout": (frozenset({"-s", "-k", "--signal", "--kill-after"}), 1),
+    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
+    "xargs": (
+        _opts(
+            "-a -d -E -I -L -n -P -s --arg-file --delimiter --max-args --max-procs --max-chars "
+            "--max-lines --process-slot-var"
+        ),
+        0,
+    ),
+    "chroot": (frozenset({"--userspec", "--groups"}), 1),
+    "flock": (frozenset({"-w", "-E", "--timeout", "--conflict-exit-code"}), 1),
+    "taskset": (frozenset(), 1),
+    "watch": (frozenset({"-n", "--interval"}), 0),
+    "exec": (frozenset({"-a"}), 0),
+    "nohup": (frozenset(), 0),
+    "setsid": (frozenset(), 0),
+    "command": (frozenset(), 0),
+    "builtin": (frozenset(), 0),
+    "unbuffer": (frozenset(), 0),
+    "busybox": (frozenset(), 0),
+    "toybox": (frozenset(), 0),
+}
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash"})
+_SHELL_OPTS_WITH_ARG = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
+
+
+def _basename(word: str) -> str:
+    return word.rsplit("/", 1)[-1] if "/" in word else word
+
+
+def _strip_prefixes(words: list[str]) -> list[str]:
+    """Drop assignments, reserved words and wrappers so that words[0] is the real command."""
+    assign = _lexer()[2]
+    i, n = 0, len(words)
+    while i < n:
+        w = words[i]
+        if w in _RESERVED or assign.match(w):
+            i += 1
+            continue
+        spec = _WRAPPERS.get(_basename(w))
+        if spec is None:
+            break
+        opts_with_arg, positionals = spec
+        i += 1
+        while i < n:
+            a = words[i]
+            if a == "--":
+                i += 1
+                break
+            if not a.startswith("-"):
+                break
+            i += 2 if a in opts_with_arg else 1
+        i += positionals
+    return words[i:]
+
+
+def _shell_payload(base: str, args: list[str]) -> str | None:
+    """The command string run by ``sh -c X``, ``su -c X`` or ``eval X...``; None if there is none."""
+    if base == "eval":
+        return " ".join(args)
+    if base in _SHELLS:
+        short_c = _lexer()[3]
+        has_c = False
+        i = 0
+        while i < len(args):
+            a = args[i]
+            if a in ("--", "-"):
+                i += 1
+                break
+            if not a or a[0] not in "-+":
+                break
+            if a in _SHELL_OPTS_WITH_ARG:
+                i += 2
+                continue
+            if not a.startswith("--") and short_c.match(a):
+                has_c = True
+            i += 1
+        return args[i] if has_c and i < len(args) else None
+    if base in ("su", "runuser"):
+        for i, a in enumerate(args):
+            if a in ("-c", "--command", "--session-command") and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--command="):
+                return a[len("--command=") :]
+    return None
+
+
+# --------------------------------------------------------------------------- checking
+def _blocked(rule: _Rule, text: str) -> Verdict:
+    snippet = text if len(text) <= _SNIPPET else text[: _SNIPPET - 3] + "..."
+    return Verdict(False, rule.id, f"blocked by rule '{rule.id}': {rule.description} (matched {snippet!r})")
+
+
+_TOO_DEEP = Verdict(
+    False,
+    "too-deep",
+    "blocked by rule 'too-deep': substitutions or nested shell payloads (sh -c, eval) are nested too "
+    "deeply or are too large to inspect",
+)
+
+
+def _scan(s: str, depth: int, budget: list[int]) -> tuple[Verdict | None, bool]:
+    """Apply the built-in rules to ``s``; returns (first block or None, whether s is a simple command).
+    ``budget`` holds the characters that nested payloads may still add, so ``eval eval eval ...``
+    cannot make the work quadratic."""
+    rules = _rules()
+    for r in rules.raw:
+        m = r.regex.search(s)
+        if m:
+            return _blocked(r, m.group()), False
+    try:
+        segments, simple = _lex(s)
+    except _TooDeep:
+        return _TOO_DEEP, False
+    for words, redirs in segments:
+        for red in redirs:
+            for r in rules.redir:
+                if r.regex.match(red):
+                    return _blocked(r, red), simple
+        words = _strip_prefixes(words)
+        if not words:
+            continue
+        base = _basename(words[0])
+        if rules.trigger.fullmatch(base):
+            text = " ".join([base, *words[1:]])
+            for r in rules.cmd:
+                if r.regex.match(text):
+                    return _blocked(r, text), simple
+        payload = _shell_payload(base, words[1:])
+        if payload is not None:
+            budget[0] -= len(payload)
+            if depth >= _MAX_DEPTH or budget[0] < 0:
+                return _TOO_DEEP, simple
+            verdict, _ = _scan(payload, depth + 1, budget)
+            if verdict is not None:
+                return verdict, simple
+    return None, simple
+
+
+def check(
+    command: str,
+    *,
+    blocklist: bool = True,
+    extra_block: Sequence[str] = (),
+    allow: Sequence[str] = (),
+) -> Verdict:
+    """Decide whether ``command`` may run.  Order: built-in blocklist, ``extra_block``, allowlist."""
+    extras = [_compile_extra(p) for p in extra_block]  # config errors surface even for empty commands
+    if not (blocklist or extras or allow):
+        return _ALLOWED
+    if len(command) > MAX_COMMAND_LEN:
+        return Verdict(
+            False,
+            "too-long",
+            f"blocked by rule 'too-long': command is {len(command)} characters, "
+            f"more than the {MAX_COMMAND_LEN} the filter inspects",
+        )
+
+    stripped = command.strip(" \t\r\n\f\v")
+    simple: bool | None = None
+    if blocklist:
+        verdict, simple = _scan(stripped, 0, [MAX_COMMAND_LEN])
+        if verdict is not None:
+            return verdict
+    for i, rx in enumerate(extras, 1):
+        if rx.search(command):
+            rid = f"custom-{i}"
+            return Verdict(False, rid, f"blocked by rule '{rid}': matched pattern {rx.pattern!r}")
+    if allow:
+        if simple is None:
+            try:
+                simple = _lex(stripped)[1]
+            except _TooDeep:
+                simple = False
+        if not simple:
+            return Verdict(
+                False,
+                "allowlist",
+                "blocked by rule 'allowlist': shell chaining, redirection, substitution or comments "
+                "are not permitted when an allowlist is configured",
+            )
+        if not any(fnmatch.fnmatchcase(stripped, g) for g in allow):
+            return Verdict(
+                False,
+                "allowlist",
+                f"blocked by rule 'allowlist': command matches none of the allowed patterns {list(allow)!r}",
+            )
+    return _ALLOWED

@@ -1,0 +1,300 @@
+"""Creating the child safely, fast.
+
+The kernel refuses unshare(CLONE_NEWUSER) in a multi-threaded process, and forking
+a multi-threaded Python process then running Python in the child can deadlock on a
+lock another thread held. So the child is only ever forked from a single-threaded
+process with a small heap:
+
+* DirectForker: the process itself, when it is known to be single-threaded and
+  ours alone (the CLI). No extra interpreter start.
+* ServerForker: a fork server started once per caller process
+  (`python -m sandbox.forkserver`); requests and the child's pipes travel over a
+  Unix socket with SCM_RIGHTS, the child's pidfd comes back the same way. Used by
+  the library, from any thread or from asyncio.
+
+Both put the child straight into a fresh pid namespace (unshare(CLONE_NEWPID)
+before fork affects only children), so the child is PID 1 and no third process is
+needed. A non-root forker first enters a user namespace of its own, mapped to the
+caller, which is what lets it create the other namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from .isolation.syscalls import CLONE_NEWPID, setns, unshare
+from .plan import RunPlan
+
+
+@dataclass
+class ChildFds:
+    stdin: int
+    stdout: int
+    stderr: int
+    report: int
+    cgroup: list[int]
+
+    def all(self) -> list[int]:
+        return [self.stdin, self.stdout, self.stderr, self.report, *self.cgroup]
+
+
+class ForkError(OSError):
+    """The forker could not create the child; carries the layer that failed."""
+
+    def __init__(self, step: str, err: int, message: str) -> None:
+        super().__init__(err, message)
+        self.step = step
+
+
+class _ForkSide:
+    """What both forkers do in the single-threaded process that forks.
+
+    unshare(CLONE_NEWPID) works once while pid_for_children differs from our own pid
+    namespace, so a forker that makes many children switches back with setns after
+    each fork. setns needs CAP_SYS_ADMIN over the namespace it returns to: a rootless
+    server therefore first makes itself PID 1 of a pid namespace of its own user
+    namespace (`own_pid_namespace`).
+    """
+
+    def __init__(self, own_pid_namespace: bool = False) -> None:
+        from .child import preload
+
+        preload()
+        self.rootless = os.geteuid() != 0
+        self.userns_error: tuple[int, str] | None = None
+        if self.rootless:
+            try:
+                from .isolation.identity import enter_user_namespace
+
+                enter_user_namespace(0, 0)
+                if own_pid_namespace:
+                    _become_pid1()
+            except OSError as e:
+                self.userns_error = (e.errno or 0, str(e))
+        self._orig_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def fork_child(self, plan: RunPlan, fds: ChildFds) -> int:
+        if self.userns_error and (plan.pid_namespace or plan.unshare_flags):
+            err, msg = self.userns_error
+            raise ForkError("user_namespace", err, f"cannot create a user namespace: {msg}")
+        if plan.pid_namespace:
+            try:
+                unshare(CLONE_NEWPID)
+            except OSError as e:
+                raise ForkError("pid_namespace", e.errno or 0, f"cannot create a pid namespace: {e}") from None
+        try:
+            pid = os.fork()
+        finally:
+            if plan.pid_namespace:
+                try:
+                    setns(self._orig_pidns, CLONE_NEWPID)
+                except OSError:
+                    pass  # the next unshare then fails with a named error; one-shot forkers need no reset
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for i, fd in enumerate((fds.stdin, fds.stdout, fds.stderr)):
+                    os.dup2(fd, i)
+                from .child import child_main
+
+                child_main(plan, fds.report, fds.cgroup)
+            finally:
+                os._exit(125)
+        return pid
+
+
+def _become_pid1() -> None:
+    """Fork once; the parent waits and mirrors the exit, the child goes on as PID 1."""
+    unshare(CLONE_NEWPID)
+    pid = os.fork()
+    if pid:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def host_pid(pidfd: int) -> int:
+    """The pid of a pidfd's process as seen from our pid namespace."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return -1
+
+
+@dataclass
+class Launched:
+    pid: int
+    pidfd: int
+    direct: bool  # we are the parent and must reap
+
+    def reap(self) -> None:
+        if self.direct:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+
+class DirectForker(_ForkSide):
+    def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
+        pid = self.fork_child(plan, fds)
+        return Launched(pid, os.pidfd_open(pid), True)
+
+
+# --------------------------------------------------------------------------- fork server
+
+_HDR = struct.Struct("!I")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def _send_msg(sock: socket.socket, obj: object, fds: list[int]) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    socket.send_fds(sock, [_HDR.pack(len(payload))], fds)
+    sock.sendall(payload)
+
+
+def _recv_msg(sock: socket.socket, maxfds: int) -> tuple[object, list[int]]:
+    hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, maxfds)
+    if not hdr:
+        raise EOFError
+    if len(hdr) < _HDR.size:
+        hdr += _recv_exact(sock, _HDR.size - len(hdr))
+    (n,) = _HDR.unpack(hdr)
+    return pickle.loads(_recv_exact(sock, n)), fds
+
+
+def serve(fd: int) -> None:
+    """The fork server's loop: one request, one fork, one reply; reap children."""
+    sock = socket.socket(fileno=fd)
+    side = _ForkSide(own_pid_namespace=True)
+    children: set[int] = set()
+
+    def reap(_sig: int, _frame: object) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+
+    signal.signal(signal.SIGCHLD, reap)
+    while True:
+        try:
+            msg, fds = _recv_msg(sock, 16)
+        except (EOFError, ConnectionError, OSError):
+            break
+        plan = msg
+        try:
+            assert isinstance(plan, RunPlan)
+            child_fds = ChildFds(fds[0], fds[1], fds[2], fds[3], fds[4:])
+            pid = side.fork_child(plan, child_fds)
+            children.add(pid)
+            pidfd = os.pidfd_open(pid)
+            reply: object = ("ok", pid)
+            out = [pidfd]
+        except ForkError as e:
+            reply, out, pidfd = ("error", e.step, e.errno or 0, e.strerror or str(e)), [], -1
+        except Exception as e:  # noqa: BLE001 - the server must survive any request
+            reply, out, pidfd = ("error", "fork", 0, f"{type(e).__name__}: {e}"), [], -1
+        finally:
+            for f in fds:
+                os.close(f)
+        try:
+            _send_msg(sock, reply, out)
+        except OSError:
+            break
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+    # The caller is gone: nothing of its may keep running.
+    for pid in list(children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+class ServerForker:
+    """Client side of the fork server; safe from any number of threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = 0
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = f"import sys; sys.path.insert(0, {pkg_parent!r}); from sandbox.forkserver import main; main()"
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "XDG_CACHE_HOME")}
+        env["SANDBOXRUN_FORKSERVER_FD"] = str(theirs.fileno())
+        self._proc = subprocess.Popen(
+            [sys.executable, "-s", "-c", code], pass_fds=[theirs.fileno()], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
+        )
+        theirs.close()
+        self._owner = os.getpid()
+        self._sock = ours
+        return ours
+
+    def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
+        with self._lock:
+            if self._sock is None or self._owner != os.getpid():
+                self._sock = self._start()
+            try:
+                _send_msg(self._sock, plan, fds.all())
+                reply, rfds = _recv_msg(self._sock, 1)
+            except (EOFError, OSError):
+                self._sock = None  # the server died: start a new one on the next call
+                raise ForkError("forkserver", 0, "the fork server went away") from None
+        assert isinstance(reply, tuple)
+        if reply[0] == "error":
+            raise ForkError(reply[1], reply[2], reply[3])
+        return Launched(host_pid(rfds[0]), rfds[0], False)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                self._proc = None
+
+
+def is_single_threaded() -> bool:
+    """True when this process has exactly one thread (Python's or any C library's)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1]) == 1
+    except OSError:
+        pass
+    return threading.active_count() == 1

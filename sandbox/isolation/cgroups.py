@@ -1,0 +1,421 @@
+"""Per-run cgroups, parent side: v2, v1, or none.
+
+The supervisor creates `sandboxrun-<owner pid>-<n>` before the child starts, sets
+its limits, and hands the child open `cgroup.procs` fds: the child joins by
+writing "0" before it forks anything, so every descendant is counted. After the
+run the supervisor reads usage (peak memory, OOM kills, CPU), kills whatever is
+left (cgroup.kill on v2, freeze + SIGKILL on v1) and removes the directory.
+
+Names carry `sandboxrun` and the owner's pid, so a start-up sweep can remove
+leftovers of a supervisor that was SIGKILLed (`sweep_stale`).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+ROOT = "/sys/fs/cgroup"
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+PREFIX = "sandboxrun-"
+_seq = itertools.count()
+_lock = threading.Lock()
+
+
+class CgroupUnavailable(OSError):
+    """No cgroup can be made here; says why (errno + likely cause)."""
+
+
+@dataclass
+class CgroupLimits:
+    memory: int | None
+    processes: int | None
+    cpus: float | None
+
+
+@dataclass
+class CgroupStats:
+    peak_memory: int = 0
+    oom_kills: int = 0
+    pids_max_hit: bool = False
+    cpu_user_s: float | None = None
+    cpu_sys_s: float | None = None
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _kv(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rmdir_retry(path: str, tries: int = 50) -> None:
+    for i in range(tries):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or i == tries - 1:
+                raise
+            time.sleep(0.002 * (i + 1))
+
+
+@dataclass
+class RunCgroup:
+    version: str  # "v1" | "v2"
+    dirs: list[str]  # one per hierarchy (v1) or one (v2)
+    procs_files: list[str] = field(default_factory=list)
+
+    def open_procs(self) -> list[int]:
+        return [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in self.procs_files]
+
+    def _file(self, name: str) -> str | None:
+        for d in self.dirs:
+            p = os.path.join(d, name)
+            if os.path.exists(p):
+                return p
+        return None
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            try:
+                out.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
+            except OSError:
+                pass
+        return sorted(out)
+
+    def stats(self) -> CgroupStats:
+        s = CgroupStats()
+        try:
+            if self.version == "v2":
+                d = self.dirs[0]
+                for name in ("memory.peak",):
+                    p = os.path.join(d, name)
+                    if os.path.exists(p):
+                        s.peak_memory = int(_read(p).split()[0])
+                s.oom_kills = _kv(_read(os.path.join(d, "memory.events"))).get("oom_kill", 0)
+                pe = os.path.join(d, "pids.events")
+                if os.path.exists(pe):
+                    s.pids_max_hit = _kv(_read(pe)).get("max", 0) > 0
+                cpu = _kv(_read(os.path.join(d, "cpu.stat")))
+                s.cpu_user_s = cpu.get("user_usec", 0) / 1e6
+                s.cpu_sys_s = cpu.get("system_usec", 0) / 1e6
+            else:
+                p = self._file("memory.max_usage_in_bytes")
+                if p:
+                    s.peak_memory = int(_read(p))
+                p = self._file("memory.oom_control")
+                if p:
+                    s.oom_kills = _kv(_read(p)).get("oom_kill", 0)
+                p = self._file("pids.events")
+                if p:
+                    s.pids_max_hit = _kv(_read(p)).get("max", 0) > 0
+                u, sy = self._file("cpuacct.usage_user"), self._file("cpuacct.usage_sys")
+                if u and sy:
+                    s.cpu_user_s = int(_read(u)) / 1e9
+                    s.cpu_sys_s = int(_read(sy)) / 1e9
+        except (OSError, ValueError):
+            pass
+        return s
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the cgroup, including ones that escaped the process group."""
+        if self.version == "v2":
+            p = os.path.join(self.dirs[0], "cgroup.kill")
+            if os.path.exists(p):
+                try:
+                    _write(p, "1")
+                    return
+                except OSError:
+                    pass
+        freezer = self._file("freezer.state")
+        if freezer:
+            try:
+                _write(freezer, "FROZEN")
+            except OSError:
+                freezer = None
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if freezer:
+                try:
+                    _write(freezer, "THAWED")  # a frozen task cannot die
+                except OSError:
+                    pass
+            time.sleep(0.001)
+
+    def remove(self) -> None:
+        if self.pids():
+            self.kill_all()
+        for d in self.dirs:
+            _rmdir_retry(d)
+
+
+class Backend:
+    version = "none"
+
+    def create(self, limits: CgroupLimits) -> RunCgroup:
+        raise NotImplementedError
+
+    def sweep_stale(self) -> int:
+        return 0
+
+
+def _name() -> str:
+    return f"{PREFIX}{os.getpid()}-{next(_seq)}"
+
+
+def _stale(name: str) -> bool:
+    """A sandboxrun cgroup whose owning supervisor is dead."""
+    try:
+        owner = int(name[len(PREFIX):].split("-")[0])
+    except ValueError:
+        return False
+    return owner != os.getpid() and not _pid_alive(owner)
+
+
+class V1Backend(Backend):
+    version = "v1"
+
+    def __init__(self, mounts: dict[str, str]) -> None:
+        self.mounts = mounts  # controller -> mount point (cpu and cpuacct may share one)
+
+    def create(self, limits: CgroupLimits) -> RunCgroup:
+        name = _name()
+        dirs: list[str] = []
+        try:
+            for base in dict.fromkeys(self.mounts.values()):
+                d = os.path.join(base, name)
+                os.mkdir(d, 0o755)
+                dirs.append(d)
+            cg = RunCgroup("v1", dirs, [os.path.join(d, "cgroup.procs") for d in dirs])
+            mem = cg._file("memory.limit_in_bytes")
+            if limits.memory is not None and mem:
+                _write(mem, str(limits.memory))
+                sw = cg._file("memory.memsw.limit_in_bytes")
+                if sw:
+                    _write(sw, str(limits.memory))
+            pids = cg._file("pids.max")
+            if limits.processes is not None and pids:
+                _write(pids, str(limits.processes))
+            quota = cg._file("cpu.cfs_quota_us")
+            if limits.cpus and quota:
+                _write(quota, str(int(limits.cpus * 100_000)))
+            return cg
+        except OSError:
+            for d in reversed(dirs):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+            raise
+
+    def sweep_stale(self) -> int:
+        n = 0
+        for base in dict.fromkeys(self.mounts.values()):
+            try:
+                names = [e for e in os.listdir(base) if e.startswith(PREFIX)]
+            except OSError:
+                continue
+            for e in names:
+                if _stale(e):
+                    try:
+                        RunCgroup("v1", [os.path.join(base, e)]).remove()
+                        n += 1
+                    except OSError:
+                        pass
+        return n
+
+
+class V2Backend(Backend):
+    version = "v2"
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent  # a cgroup where we may create children with the controllers enabled
+
+    def create(self, limits: CgroupLimits) -> RunCgroup:
+        d = os.path.join(self.parent, _name())
+        os.mkdir(d, 0o755)
+        cg = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")])
+        try:
+            if limits.memory is not None:
+                _write(os.path.join(d, "memory.max"), str(limits.memory))
+                sw = os.path.join(d, "memory.swap.max")
+                if os.path.exists(sw):
+                    _write(sw, "0")
+            if limits.processes is not None:
+                _write(os.path.join(d, "pids.max"), str(limits.processes))
+            if limits.cpus:
+                _write(os.path.join(d, "cpu.max"), f"{int(limits.cpus * 100_000)} 100000")
+            return cg
+        except OSError:
+            os.rmdir(d)
+            raise
+
+    def sweep_stale(self) -> int:
+        n = 0
+        try:
+            names = [e for e in os.listdir(self.parent) if e.startswith(PREFIX)]
+        except OSError:
+            return 0
+        for e in names:
+            if _stale(e):
+                try:
+                    RunCgroup("v2", [os.path.join(self.parent, e)]).remove()
+                    n += 1
+                except OSError:
+                    pass
+        return n
+
+
+def _mountinfo() -> list[tuple[str, str, str]]:
+    """(mount point, fstype, super options) for cgroup mounts."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            rfields = right.split()
+            if len(rfields) >= 3 and rfields[0] in ("cgroup", "cgroup2"):
+                out.append((fields[4], rfields[0], rfields[2]))
+    return out
+
+
+def _own_v2_cgroup() -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].strip()
+    return "/"
+
+
+def _enable_controllers(cg_dir: str) -> None:
+    """Enable memory/pids/cpu for children of cg_dir, moving our own processes into a
+    leaf first if the "no internal processes" rule requires it (as nsjail does)."""
+    available = _read(os.path.join(cg_dir, "cgroup.controllers")).split()
+    enabled = _read(os.path.join(cg_dir, "cgroup.subtree_control")).split()
+    want = [c for c in V2_CONTROLLERS if c in available and c not in enabled]
+    if not want:
+        return
+    control = os.path.join(cg_dir, "cgroup.subtree_control")
+    try:
+        _write(control, " ".join(f"+{c}" for c in want))
+    except OSError as e:
+        if e.errno != errno.EBUSY:
+            raise
+        leaf = os.path.join(cg_dir, f"{PREFIX}supervisor")
+        os.makedirs(leaf, exist_ok=True)
+        for pid in _read(os.path.join(cg_dir, "cgroup.procs")).split():
+            try:
+                _write(os.path.join(leaf, "cgroup.procs"), pid)
+            except OSError:
+                pass
+        _write(control, " ".join(f"+{c}" for c in want))
+
+
+_backend: Backend | None = None
+_backend_error: CgroupUnavailable | None = None
+
+
+def detect() -> Backend:
+    """The backend for this host; raises CgroupUnavailable with a reason."""
+    global _backend, _backend_error
+    with _lock:
+        if _backend is not None:
+            return _backend
+        if _backend_error is not None:
+            raise _backend_error
+        try:
+            _backend = _detect()
+            try:
+                _backend.sweep_stale()
+            except OSError:
+                pass
+            return _backend
+        except CgroupUnavailable as e:
+            _backend_error = e
+            raise
+
+
+def _detect() -> Backend:
+    forced = os.environ.get("SANDBOXRUN_CGROUP")  # "v1", "v2" or "none", for tests and odd hosts
+    mounts = _mountinfo()
+    v1 = {}
+    v2_root = None
+    for point, fstype, opts in mounts:
+        if fstype == "cgroup":
+            for c in V1_CONTROLLERS:
+                if c in opts.split(","):
+                    v1.setdefault(c, point)
+        elif v2_root is None:
+            v2_root = point
+    uid = os.geteuid()
+    if forced == "none":
+        raise CgroupUnavailable(errno.ENOTSUP, "cgroups disabled by SANDBOXRUN_CGROUP=none")
+    if "memory" in v1 and forced != "v2":
+        if not all(os.access(p, os.W_OK) for p in set(v1.values())):
+            raise CgroupUnavailable(
+                errno.EACCES,
+                f"cgroup v1 hierarchies under {ROOT} are not writable by uid {uid}: v1 has no delegation "
+                "to unprivileged users; run as root, or use a profile with cgroup = 'optional' (rootless)")
+        return V1Backend(v1)
+    if v2_root is not None and forced != "v1":
+        own = _own_v2_cgroup()
+        # As root on the host, a top-level cgroup; otherwise (rootless, or inside a container with
+        # a cgroup namespace) our own cgroup, which must be delegated to us.
+        base = v2_root if uid == 0 and own in ("/", "") else os.path.join(v2_root, own.lstrip("/"))
+        if uid == 0 and own not in ("/", "") and os.access(v2_root, os.W_OK):
+            base = v2_root
+        try:
+            _enable_controllers(base)
+        except OSError as e:
+            raise CgroupUnavailable(
+                e.errno or errno.EACCES,
+                f"cannot enable cgroup v2 controllers in {base}: {os.strerror(e.errno or 13)}"
+                + ("" if uid == 0 else " (not delegated to this user: systemd-run --user -p Delegate=yes)"))
+        available = _read(os.path.join(base, "cgroup.subtree_control")).split()
+        if "memory" not in available or "pids" not in available:
+            raise CgroupUnavailable(errno.ENOTSUP, f"cgroup v2 at {base} lacks the memory/pids controllers "
+                                    f"(enabled: {' '.join(available) or 'none'})")
+        return V2Backend(base)
+    raise CgroupUnavailable(errno.ENOENT, f"no usable cgroup hierarchy mounted under {ROOT}")

@@ -1,0 +1,193 @@
+"""The private filesystem view, built in the child's new mount namespace.
+
+A tmpfs becomes the root; system directories are bound read-only, nosuid, nodev;
+the workdir is bound read-write at a fixed path; /tmp and /dev/shm are size-capped
+tmpfs; /proc is fresh (this pid namespace only) with the kernel knobs read-only or
+masked as runc does; /dev holds only null, zero, full, random, urandom, tty and a
+private devpts. Then pivot_root, detach the old root, and make / read-only.
+
+Bind sources are opened (O_PATH) before anything is hidden and bound through
+/proc/self/fd/N, so a symlink swapped in after validation cannot redirect a bind.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .syscalls import (
+    MNT_DETACH, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT,
+    mount, pivot_root, umount2,
+)
+
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+# statvfs f_flag bit -> mount flag that must be kept on a bind remount (the kernel
+# locks these inside a user namespace; dropping one is EPERM).
+_LOCKED_FLAGS = (
+    (os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_RDONLY, MS_RDONLY), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
+NEW_ROOT = "/tmp"  # any existing directory: the tmpfs over it is private to our mount namespace
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi")
+
+
+@dataclass(frozen=True)
+class BindSpec:
+    source: str
+    target: str
+    writable: bool
+    optional: bool
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    binds: tuple[BindSpec, ...]
+    workdir_host: str
+    workdir: str  # inside
+    tmp_size: int
+    shm_size: int
+    hostname: str
+    passwd: str  # synthetic /etc/passwd and /etc/group lines
+    group: str
+
+
+def _opened(path: str) -> int:
+    return os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+def _mkpoint(path: str, is_dir: bool) -> None:
+    if os.path.lexists(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if is_dir:
+        os.mkdir(path, 0o755)
+    else:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+
+
+def _bind_fd(fd: int, target: str, *, writable: bool) -> None:
+    src = f"/proc/self/fd/{fd}"
+    mount(src, target, None, MS_BIND)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+    keep = os.fstatvfs(fd).f_flag
+    for st_bit, ms_bit in _LOCKED_FLAGS:
+        if keep & st_bit and not (writable and ms_bit == MS_RDONLY):
+            flags |= ms_bit
+    mount(None, target, None, flags)
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def build_view(spec: ViewSpec, step: list[str]) -> None:
+    """Build the view and pivot into it. `step[0]` names the sub-step for error reports."""
+    step[0] = "mount:private"
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+    step[0] = "mount:open-sources"
+    opened: list[tuple[int | str, BindSpec, bool]] = []  # (fd or symlink text, spec, is_dir)
+    for b in spec.binds:
+        try:
+            st = os.lstat(b.source)
+        except FileNotFoundError:
+            if b.optional:
+                continue
+            raise
+        if stat.S_ISLNK(st.st_mode):
+            opened.append((os.readlink(b.source), b, False))
+        else:
+            opened.append((_opened(b.source), b, stat.S_ISDIR(st.st_mode)))
+    work_fd = os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    dev_fds = {}
+    for name in DEVICES:
+        try:
+            dev_fds[name] = _opened(f"/dev/{name}")
+        except OSError:
+            pass
+
+    step[0] = "mount:root-tmpfs"
+    root = NEW_ROOT
+    mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
+    for d in ("etc", "proc", "dev", "tmp", "run"):
+        os.mkdir(f"{root}/{d}", 0o755)
+
+    step[0] = "mount:binds"
+    for src, b, is_dir in sorted(opened, key=lambda x: x[1].target.count("/")):
+        target = root + b.target
+        if isinstance(src, str):  # merged-/usr symlinks such as /bin -> usr/bin
+            if not os.path.lexists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.symlink(src, target)
+            continue
+        _mkpoint(target, is_dir)
+        _bind_fd(src, target, writable=b.writable)
+        os.close(src)
+
+    step[0] = "mount:workdir"
+    _mkpoint(root + spec.workdir, True)
+    _bind_fd(work_fd, root + spec.workdir, writable=True)
+    os.close(work_fd)
+
+    step[0] = "mount:tmp"
+    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
+
+    step[0] = "mount:dev"
+    dev = f"{root}/dev"
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name, fd in dev_fds.items():
+        _mkpoint(f"{dev}/{name}", False)
+        _bind_fd(fd, f"{dev}/{name}", writable=True)
+        os.close(fd)
+    for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                     ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(to, f"{dev}/{link}")
+    os.mkdir(f"{dev}/shm", 0o1777)
+    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
+    os.mkdir(f"{dev}/pts", 0o755)
+    mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+
+    step[0] = "mount:proc"
+    proc = f"{root}/proc"
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READONLY:
+        p = f"{proc}/{name}"
+        if os.path.exists(p):
+            mount(p, p, None, MS_BIND | MS_REC)
+            mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    null = f"{dev}/null"
+    for name in PROC_MASKED:
+        p = f"{proc}/{name}"
+        if os.path.isdir(p):
+            mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
+        elif os.path.exists(p) and os.path.exists(null):
+            mount(null, p, None, MS_BIND)
+
+    step[0] = "mount:etc"
+    _write(f"{root}/etc/passwd", spec.passwd)
+    _write(f"{root}/etc/group", spec.group)
+    _write(f"{root}/etc/hostname", spec.hostname + "\n")
+    _write(f"{root}/etc/hosts", f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
+
+    step[0] = "pivot_root"
+    os.chdir(root)
+    pivot_root(".", ".")  # runc's trick: stack the old root on the new, then detach it
+    umount2(".", MNT_DETACH)
+    os.chdir("/")
+
+    step[0] = "mount:root-readonly"
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(spec.workdir)
+
+
+def view_binds(mounts: Sequence[object]) -> tuple[BindSpec, ...]:
+    return tuple(BindSpec(m.source, m.target, m.writable, m.optional) for m in mounts)  # type: ignore[attr-defined]

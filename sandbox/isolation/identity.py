@@ -1,0 +1,60 @@
+"""Who the command runs as, and with which privileges: none.
+
+Root callers: a real host uid per run (isolate's model), so concurrent runs never
+share a uid and RLIMIT_NPROC means something. Rootless callers: the fork side
+already lives in a user namespace where it is root (mapped to the caller); here the
+child enters one more user namespace that maps the sandbox uid onto it, so the
+command is not uid 0 even inside.
+
+Then the bounding set is emptied, every capability set cleared and no_new_privs set:
+exec can never gain a privilege back (setuid binaries, file capabilities).
+"""
+
+from __future__ import annotations
+
+import os
+
+import prctl
+
+from .syscalls import CLONE_NEWUSER, unshare
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def enter_user_namespace(inside_uid: int, inside_gid: int) -> None:
+    """unshare(CLONE_NEWUSER) and map one uid/gid onto our current ones."""
+    uid, gid = os.geteuid(), os.getegid()
+    unshare(CLONE_NEWUSER)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{inside_uid} {uid} 1\n")
+    _write("/proc/self/gid_map", f"{inside_gid} {gid} 1\n")
+
+
+def drop_bounding_set() -> None:
+    prctl.capbset.limit()
+
+
+def become(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def clear_capabilities() -> None:
+    # Explicit even after setuid: securebits (NO_SETUID_FIXUP) or uid 0 keep them otherwise.
+    # Clearing permitted also empties the ambient set.
+    prctl.cap_inheritable.limit()
+    prctl.cap_effective.limit()
+    prctl.cap_permitted.limit()
+
+
+def no_new_privs() -> None:
+    prctl.set_no_new_privs(1)
+    # Not dumpable: a process of the same uid cannot open our /proc/<pid>/mem.
+    prctl.set_dumpable(0)

@@ -1,0 +1,479 @@
+"""Seccomp-BPF policies for sandboxed children.
+
+The policy is Docker-shaped but default-ALLOW: a declarative deny table (``_DEFAULT_RULES``) is compiled with
+libseccomp (pyseccomp) into a raw BPF program, cached on disk, and installed with a bare
+``seccomp(2)`` call. pyseccomp, ctypes and hashlib are imported lazily so that importing this module
+stays well under 2 ms and a CLI run with a warm cache never pays pyseccomp's ~55 ms import.
+"""
+
+import errno
+import os
+import stat
+
+POLICIES = ("default", "off")
+
+# Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
+POLICY_VERSION = 1
+
+_EPERM = errno.EPERM
+_ENOSYS = errno.ENOSYS
+
+# Condition on one syscall argument: (arg index, op, a, b).
+#   "EQ"/"GE"/"GT": arg <op> a (full 64-bit compare, b unused)
+#   "MASKED_EQ":    (arg & a) == b
+#   "NOT_IN":       arg not in a (a tuple of allowed values) -- lowered at compile time, see _expand()
+Cond = tuple[int, str, int | tuple[int, ...], int]
+# One row: (syscall, errno returned, conditions OR-ed together -- () means always, reason for docs).
+Rule = tuple[str, int, tuple[Cond, ...], str]
+
+_CLONE_NS_FLAGS: dict[str, int] = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+    # In clone(2) 0x80 lies inside CSIGNAL (exit signal), so this only refuses exit signals >= 128,
+    # which are invalid anyway; CLONE_NEWTIME itself is reachable only via clone3/unshare (both denied).
+    "CLONE_NEWTIME": 0x00000080,
+}
+_LOW32 = 0xFFFFFFFF
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+_S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000
+_S_ISUID, _S_ISGID, _S_IXGRP = 0o4000, 0o2000, 0o0010
+# PER_LINUX, UNAME26, PER_LINUX32, PER_LINUX32|UNAME26 (as Docker), and 0xffffffff = query.
+_PERSONALITY_ALLOWED = (0x0, 0x0008, 0x20000, 0x20008, 0xFFFFFFFF)
+
+_CLONE_NS: tuple[Cond, ...] = tuple((0, "MASKED_EQ", f, f) for f in _CLONE_NS_FLAGS.values())
+# Everything but AF_UNIX(1), AF_INET(2), AF_INET6(10). GE 11 also catches values with upper bits set,
+# which the kernel would truncate to an allowed int.
+_AF_DENIED: tuple[Cond, ...] = (*((0, "EQ", f, 0) for f in (0, 3, 4, 5, 6, 7, 8, 9)), (0, "GE", 11, 0))
+# cmd is an unsigned int in the kernel: compare the low 32 bits only (CVE-2019-10063).
+_TTY_INJECT: tuple[Cond, ...] = ((1, "MASKED_EQ", _LOW32, _TIOCSTI), (1, "MASKED_EQ", _LOW32, _TIOCLINUX))
+
+
+def _devnode_or_setid(i: int) -> tuple[Cond, ...]:
+    return (
+        (i, "MASKED_EQ", _S_IFMT, _S_IFCHR),
+        (i, "MASKED_EQ", _S_IFMT, _S_IFBLK),
+        (i, "MASKED_EQ", _S_ISUID, _S_ISUID),
+        (i, "MASKED_EQ", _S_ISGID, _S_ISGID),
+    )
+
+
+def _setid_exec(i: int) -> tuple[Cond, ...]:
+    # execve honours S_ISGID only together with S_IXGRP, so plain S_ISGID (e.g. 0o2644) stays allowed;
+    # setgid directories with g+x can still be had by inheritance from a setgid parent (mkdir).
+    sgid_x = _S_ISGID | _S_IXGRP
+    return ((i, "MASKED_EQ", _S_ISUID, _S_ISUID), (i, "MASKED_EQ", sgid_x, sgid_x))
+
+
+_DENY_ALWAYS = "kernel attack surface, escape or host-global state"
+
+_DEFAULT_RULES: tuple[Rule, ...] = (
+    # process introspection / other processes' memory
+    ("ptrace", _EPERM, (), _DENY_ALWAYS),
+    ("process_vm_readv", _EPERM, (), _DENY_ALWAYS),
+    ("process_vm_writev", _EPERM, (), _DENY_ALWAYS),
+    ("kcmp", _EPERM, (), _DENY_ALWAYS),
+    ("pidfd_getfd", _EPERM, (), _DENY_ALWAYS),
+    # mounts and namespaces (new mount API included)
+    ("mount", _EPERM, (), _DENY_ALWAYS),
+    ("umount", _EPERM, (), _DENY_ALWAYS),
+    ("umount2", _EPERM, (), _DENY_ALWAYS),
+    ("pivot_root", _EPERM, (), _DENY_ALWAYS),
+    ("chroot", _EPERM, (), _DENY_ALWAYS),
+    ("fsopen", _EPERM, (), _DENY_ALWAYS),
+    ("fsconfig", _EPERM, (), _DENY_ALWAYS),
+    ("fsmount", _EPERM, (), _DENY_ALWAYS),
+    ("fspick", _EPERM, (), _DENY_ALWAYS),
+    ("move_mount", _EPERM, (), _DENY_ALWAYS),
+    ("open_tree", _EPERM, (), _DENY_ALWAYS),
+    ("open_tree_attr", _EPERM, (), _DENY_ALWAYS),
+    ("mount_setattr", _EPERM, (), _DENY_ALWAYS),
+    ("unshare", _EPERM, (), _DENY_ALWAYS),
+    ("setns", _EPERM, (), _DENY_ALWAYS),
+    ("clone", _EPERM, _CLONE_NS, "any CLONE_NEW* namespace flag"),
+    # clone3's flags live in a struct seccomp cannot read; glibc falls back to clone() on ENOSYS.
+    ("clone3", _ENOSYS, (), "flags not inspectable; forces the clone() fallback"),
+    # kernel keyring
+    ("keyctl", _EPERM, (), _DENY_ALWAYS),
+    ("add_key", _EPERM, (), _DENY_ALWAYS),
+    ("request_key", _EPERM, (), _DENY_ALWAYS),
+    # large kernel attack surface
+    ("bpf", _EPERM, (), _DENY_ALWAYS),
+    ("perf_event_open", _EPERM, (), _DENY_ALWAYS),
+    ("userfaultfd", _EPERM, (), _DENY_ALWAYS),
+    ("io_uring_setup", _EPERM, (), _DENY_ALWAYS),
+    ("io_uring_enter", _EPERM, (), _DENY_ALWAYS),
+    ("io_uring_register", _EPERM, (), _DENY_ALWAYS),
+    ("open_by_handle_at", _EPERM, (), _DENY_ALWAYS),
+    ("name_to_handle_at", _EPERM, (), _DENY_ALWAYS),
+    ("fanotify_init", _EPERM, (), _DENY_ALWAYS),
+    ("lookup_dcookie", _EPERM, (), _DENY_ALWAYS),
+    # modules, kexec, power
+    ("init_module", _EPERM, (), _DENY_ALWAYS),
+    ("finit_module", _EPERM, (), _DENY_ALWAYS),
+    ("delete_module", _EPERM, (), _DENY_ALWAYS),
+    ("create_module", _EPERM, (), _DENY_ALWAYS),
+    ("get_kernel_syms", _EPERM, (), _DENY_ALWAYS),
+    ("query_module", _EPERM, (), _DENY_ALWAYS),
+    ("kexec_load", _EPERM, (), _DENY_ALWAYS),
+    ("kexec_file_load", _EPERM, (), _DENY_ALWAYS),
+    ("reboot", _EPERM, (), _DENY_ALWAYS),
+    # host-global state: swap, clocks, accounting, quotas, names, kernel log, LSM attributes
+    ("swapon", _EPERM, (), _DENY_ALWAYS),
+    ("swapoff", _EPERM, (), _DENY_ALWAYS),
+    ("settimeofday", _EPERM, (), _DENY_ALWAYS),
+    ("stime", _EPERM, (), _DENY_ALWAYS),
+    ("clock_settime", _EPERM, (), _DENY_ALWAYS),
+    ("clock_adjtime", _EPERM, (), _DENY_ALWAYS),
+    ("adjtimex", _EPERM, (), _DENY_ALWAYS),
+    ("acct", _EPERM, (), _DENY_ALWAYS),
+    ("quotactl", _EPERM, (), _DENY_ALWAYS),
+    ("quotactl_fd", _EPERM, (), _DENY_ALWAYS),
+    ("sethostname", _EPERM, (), _DENY_ALWAYS),
+    ("setdomainname", _EPERM, (), _DENY_ALWAYS),
+    ("syslog", _EPERM, (), _DENY_ALWAYS),
+    ("lsm_set_self_attr", _EPERM, (), _DENY_ALWAYS),
+    ("nfsservctl", _EPERM, (), _DENY_ALWAYS),
+    ("vhangup", _EPERM, (), _DENY_ALWAYS),
+    # raw I/O ports, vm86 mode, obsolete interfaces
+    ("iopl", _EPERM, (), _DENY_ALWAYS),
+    ("ioperm", _EPERM, (), _DENY_ALWAYS),
+    ("vm86", _EPERM, (), _DENY_ALWAYS),
+    ("vm86old", _EPERM, (), _DENY_ALWAYS),
+    ("uselib", _EPERM, (), _DENY_ALWAYS),
+    ("ustat", _EPERM, (), _DENY_ALWAYS),
+    ("sysfs", _EPERM, (), _DENY_ALWAYS),
+    ("_sysctl", _EPERM, (), _DENY_ALWAYS),
+    # NUMA placement of (other processes') memory
+    ("move_pages", _EPERM, (), _DENY_ALWAYS),
+    ("mbind", _EPERM, (), _DENY_ALWAYS),
+    ("set_mempolicy", _EPERM, (), _DENY_ALWAYS),
+    ("set_mempolicy_home_node", _EPERM, (), _DENY_ALWAYS),
+    ("migrate_pages", _EPERM, (), _DENY_ALWAYS),
+    # sockets: AF_UNIX, AF_INET, AF_INET6 only
+    ("socket", _EPERM, _AF_DENIED, "address family not in {AF_UNIX, AF_INET, AF_INET6}"),
+    ("socketpair", _EPERM, _AF_DENIED, "address family not in {AF_UNIX, AF_INET, AF_INET6}"),
+    # terminal input injection
+    ("ioctl", _EPERM, _TTY_INJECT, "TIOCSTI / TIOCLINUX"),
+    ("personality", _EPERM, ((0, "NOT_IN", _PERSONALITY_ALLOWED, 0),), "e.g. READ_IMPLIES_EXEC"),
+    # device nodes and setuid/setgid files
+    ("mknod", _EPERM, _devnode_or_setid(1), "char/block device or S_ISUID/S_ISGID"),
+    ("mknodat", _EPERM, _devnode_or_setid(2), "char/block device or S_ISUID/S_ISGID"),
+    ("chmod", _EPERM, _setid_exec(1), "S_ISUID, or S_ISGID with S_IXGRP"),
+    ("fchmod", _EPERM, _setid_exec(1), "S_ISUID, or S_ISGID with S_IXGRP"),
+    ("fchmodat", _EPERM, _setid_exec(2), "S_ISUID, or S_ISGID with S_IXGRP"),
+    ("fchmodat2", _EPERM, _setid_exec(2), "S_ISUID, or S_ISGID with S_IXGRP"),
+    # The mode is ignored without O_CREAT/O_TMPFILE (glibc then passes 0), so no flags check is needed.
+    ("open", _EPERM, _setid_exec(2), "S_ISUID, or S_ISGID with S_IXGRP"),
+    ("openat", _EPERM, _setid_exec(3), "S_ISUID, or S_ISGID with S_IXGRP"),
+    ("creat", _EPERM, _setid_exec(1), "S_ISUID, or S_ISGID with S_IXGRP"),
+    # openat2's mode sits inside struct open_how; glibc does not use it, others fall back to openat.
+    ("openat2", _ENOSYS, (), "mode not inspectable; forces the openat() fallback"),
+)
+# Arguments shown in octal by describe_policy().
+_OCTAL_SYSCALLS = frozenset(["mknod", "mknodat", "chmod", "fchmod", "fchmodat", "fchmodat2", "open",
+                             "openat", "creat"])
+
+_POLICY_RULES: dict[str, tuple[Rule, ...]] = {"default": _DEFAULT_RULES, "off": ()}
+
+# Generic (asm-generic, >= 424) syscall numbers shared by x86_64 and aarch64, used when the installed
+# libseccomp is older than the syscall. Only consulted for those two architectures.
+_UNIFIED_NR: dict[str, int] = {
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
+    "openat2": 437, "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443,
+    "set_mempolicy_home_node": 450, "fchmodat2": 452, "lsm_set_self_attr": 460, "open_tree_attr": 467,
+}
+_UNIFIED_ARCHES = ("x86_64", "aarch64")
+
+_SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
+_SECCOMP_SET_MODE_FILTER = 1
+_BPF_MAXINSNS = 4096
+
+_SKIPPED: dict[str, list[str]] = {}
+_memo: dict[str, bytes] = {}
+
+
+def _check_name(name: str) -> None:
+    if name not in _POLICY_RULES:
+        raise ValueError(f"unknown seccomp policy {name!r}; choose one of {POLICIES}")
+
+
+def _fmt_cond(cond: Cond, octal: bool) -> str:
+    idx, op, a, b = cond
+    if op == "MASKED_EQ":
+        return f"(arg{idx} & {a:#o}) == {b:#o}" if octal else f"(arg{idx} & {a:#x}) == {b:#x}"
+    if op == "NOT_IN":
+        assert isinstance(a, tuple)
+        return f"arg{idx} not in {{{', '.join(f'{v:#x}' for v in a)}}}"
+    sym = {"EQ": "==", "GE": ">=", "GT": ">"}[op]
+    return f"arg{idx} {sym} {a}"
+
+
+def describe_policy(name: str = "default") -> list[str]:
+    """Human-readable rule list (README/tests); also part of the disk-cache key."""
+    _check_name(name)
+    rules = _POLICY_RULES[name]
+    if not rules:
+        return ["no seccomp filter"]
+    lines = [
+        "default action: ALLOW",
+        "non-native ABI (i386 int 0x80, x32 nr >= 0x40000000): KILL_PROCESS",
+    ]
+    for sc, err, conds, why in rules:
+        action = f"ERRNO({errno.errorcode.get(err, err)})"
+        octal = sc in _OCTAL_SYSCALLS
+        when = " or ".join(_fmt_cond(c, octal) for c in conds)
+        lines.append(f"{sc}: {action}" + (f" if {when}" if when else "") + f"  # {why}")
+    return lines
+
+
+def _aligned_blocks(lo: int, hi: int) -> list[tuple[int, int]]:
+    """Split [lo, hi] into power-of-two aligned blocks (start, size): each is one MASKED_EQ."""
+    out: list[tuple[int, int]] = []
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << 64
+        while size > hi - lo + 1:
+            size >>= 1
+        out.append((lo, size))
+        lo += size
+    return out
+
+
+def _expand(cond: Cond) -> list[tuple[int, str, int, int]]:
+    """Lower a table condition to single-comparison conditions that are OR-ed together.
+
+    libseccomp 2.5 refuses two comparisons of the same argument in one rule, so "arg not in S" is
+    written as "arg > max(S)" plus aligned MASKED_EQ blocks covering every gap below max(S).
+    """
+    idx, op, a, b = cond
+    if op != "NOT_IN":
+        assert isinstance(a, int)
+        return [(idx, op, a, b)]
+    assert isinstance(a, tuple)
+    allowed = sorted(a)
+    out = [(idx, "GT", allowed[-1], 0)]
+    prev = -1
+    for v in allowed:
+        for start, size in _aligned_blocks(prev + 1, v - 1):
+            out.append((idx, "MASKED_EQ", ((1 << 64) - 1) ^ (size - 1), start))
+        prev = v
+    return out
+
+
+def compile_policy(name: str = "default") -> bytes:
+    """Build the raw BPF program (struct sock_filter[]) for the native architecture."""
+    _check_name(name)
+    rules = _POLICY_RULES[name]
+    if not rules:
+        return b""
+    import pyseccomp as sc  # lazy: ~55 ms import, only paid on a cache miss
+
+    machine = os.uname().machine
+    ops = {"EQ": sc.EQ, "GE": sc.GE, "GT": sc.GT, "MASKED_EQ": sc.MASKED_EQ}
+    filt = sc.SyscallFilter(defaction=sc.ALLOW)
+    # i386 (int 0x80) fails the arch check; libseccomp's x86_64 filter also sends x32 numbers
+    # (nr >= 0x40000000) to this action (verified by the tests).
+    filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    try:
+        filt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)  # binary tree: fewer jumps for hot arg-checked syscalls
+    except OSError:
+        pass
+    skipped: list[str] = []
+    for sysname, err, conds, _why in rules:
+        nr = sc.resolve_syscall(sc.Arch.NATIVE, sysname)
+        if nr == -1 and machine in _UNIFIED_ARCHES:
+            nr = _UNIFIED_NR.get(sysname, -1)
+        if nr < 0:  # unknown (-1) or a pseudo-syscall absent on this arch (<= -10000)
+            if sysname not in skipped:
+                skipped.append(sysname)
+            continue
+        if not conds:
+            filt.add_rule(sc.ERRNO(err), nr)
+        # One libseccomp rule per single comparison: rules with the same action are OR-ed.
+        for idx, op, a, b in (low for c in conds for low in _expand(c)):
+            filt.add_rule(sc.ERRNO(err), nr, sc.Arg(idx, ops[op], a, b))
+    _SKIPPED[name] = skipped
+    fd = os.memfd_create(f"seccomp-{name}", os.MFD_CLOEXEC)
+    with os.fdopen(fd, "w+b") as f:
+        filt.export_bpf(f)
+        f.seek(0)
+        prog = f.read()
+    if not _valid_prog(prog):
+        raise RuntimeError(f"libseccomp produced an invalid BPF program ({len(prog)} bytes)")
+    return prog
+
+
+def skipped_syscalls(name: str = "default") -> list[str]:
+    """Names of the table that libseccomp could not map on this arch (compiles if needed)."""
+    if name not in _SKIPPED:
+        compile_policy(name)
+    return list(_SKIPPED.get(name, []))
+
+
+def _valid_prog(prog: bytes) -> bool:
+    # Non-empty, whole instructions, within the kernel limit, and ending in BPF_RET (class 0x06):
+    # a truncated-but-aligned file would otherwise only be caught by the kernel.
+    return (
+        0 < len(prog) <= _BPF_MAXINSNS * 8
+        and len(prog) % 8 == 0
+        and prog[-8] & 0x07 == 0x06
+    )
+
+
+def load_bpf(prog: bytes) -> None:
+    """Install ``prog`` for the calling thread (flags=0). no_new_privs must already be set."""
+    if not _valid_prog(prog):
+        raise ValueError("not a BPF program (empty, misaligned, too long or no final RET)")
+    import ctypes  # lazy: ~4 ms, only needed by the process that actually installs the filter
+
+    nr = _SECCOMP_NR.get(os.uname().machine)
+    if nr is None or ctypes.sizeof(ctypes.c_void_p) != 8:
+        raise OSError(errno.ENOSYS, "seccomp loading is only implemented for 64-bit x86_64/aarch64")
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(
+        ctypes.c_long(nr),
+        ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
+        ctypes.c_long(0),
+        ctypes.c_void_p(ctypes.addressof(fprog)),
+    )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def default_cache_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/cache/sandboxrun"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sandboxrun")
+
+
+def _sha256_hex(data: bytes) -> str:
+    # The builtin module avoids hashlib's ~4 ms OpenSSL load on the warm-cache path.
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found]  # CPython <= 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # type: ignore[import-not-found,no-redef]  # CPython >= 3.12
+        except ImportError:
+            from hashlib import sha256  # type: ignore[no-redef]
+    return sha256(data).hexdigest()
+
+
+def cache_key(name: str = "default") -> str:
+    material = "\0".join(
+        [
+            str(POLICY_VERSION),
+            name,
+            os.uname().machine,
+            "\n".join(describe_policy(name)),
+            repr(sorted(_UNIFIED_NR.items())),
+        ]
+    )
+    return _sha256_hex(material.encode())
+
+
+def _trusted(st: os.stat_result, kind: int) -> bool:
+    return (
+        stat.S_IFMT(st.st_mode) == kind
+        and st.st_uid == os.geteuid()
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _open_cache_dir(path: str) -> int | None:
+    """fd of a trusted cache dir (created 0700 if absent), or None: never follow a symlinked dir."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # e.g. a missing ~/.cache
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass  # existing (or a symlink / non-dir): judged below on the opened fd
+    except OSError:
+        return None  # read-only FS, ENOTDIR, EACCES: run without a disk cache
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not _trusted(os.fstat(fd), stat.S_IFDIR):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read_cached(dfd: int, fname: str) -> bytes | None:
+    try:
+        # O_NONBLOCK: a FIFO planted under the name must not hang us (fstat then rejects it).
+        fd = os.open(fname, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not _trusted(st, stat.S_IFREG) or st.st_size > _BPF_MAXINSNS * 8:
+            return None
+        data = os.read(fd, st.st_size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if _valid_prog(data) else None
+
+
+def _write_cached(dfd: int, fname: str, prog: bytes) -> None:
+    tmp = f".{fname}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dfd)
+    except OSError:
+        return  # read-only FS, full disk, ...: the caller still gets the compiled bytes
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(prog)
+            f.flush()
+            os.fsync(f.fileno())
+        # Atomic: readers see the old file or the complete new one (also replaces a rejected file).
+        os.replace(tmp, fname, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+
+
+def cached_bpf(name: str = "default", *, cache_dir: str | None = None) -> bytes:
+    """compile_policy(name), memoised per process and cached on disk under a content key.
+
+    An untrusted cache dir/file (symlink, wrong owner, group/world-writable, bad length) is ignored
+    and the program is rebuilt in memory.
+    """
+    _check_name(name)
+    if name in _memo:
+        return _memo[name]
+    if not _POLICY_RULES[name]:
+        _memo[name] = b""
+        return b""
+    fname = f"seccomp-{name}-{cache_key(name)[:16]}.bpf"
+    dfd = _open_cache_dir(cache_dir or default_cache_dir())
+    try:
+        prog = _read_cached(dfd, fname) if dfd is not None else None
+        if prog is None:
+            prog = compile_policy(name)
+            if dfd is not None:
+                _write_cached(dfd, fname, prog)
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+    _memo[name] = prog
+    return prog

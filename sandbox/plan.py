@@ -1,0 +1,35 @@
+"""RunPlan: everything the child needs, resolved by the supervisor, picklable.
+
+The supervisor turns Profile + request into this plan; the child turns the plan
+into ordered steps. The child never reads profiles or the caller's environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .isolation.filesystem import ViewSpec
+
+
+@dataclass
+class RunPlan:
+    argv: list[str]
+    env: dict[str, str]
+    unshare_flags: int  # namespaces the child creates itself (never pid/user: see forker)
+    pid_namespace: bool  # created by the forker, so the child is PID 1
+    view: ViewSpec | None  # None: the host's filesystem (no mount namespace)
+    cwd: str  # where the command starts, as seen after the view is built
+    loopback: bool  # bring lo up in the private net namespace
+    hostname: str | None
+    rlimits: tuple[tuple[str, int], ...]
+    uid: int  # as seen inside
+    gid: int
+    nested_userns: bool  # rootless: map uid/gid in a fresh user namespace
+    seccomp_bpf: bytes
+    landlock: str  # required | optional | off
+    landlock_ro: tuple[str, ...] = ()
+    landlock_rw: tuple[str, ...] = ()
+    trace: bool = False
+    pty: bool = False  # fd 0 is a terminal the child should make its controlling tty
+    parent_pid: int = 0
+    extra: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,457 @@
+"""Isolation profiles: declarative TOML, validated into a frozen Profile.
+
+A profile says what a run may do. Files live in `profiles/` (shipped with the
+package) or anywhere on disk; `extends = "strict"` inherits: tables merge key by
+key, lists (binds, env_passthrough, filter patterns) are appended to the
+parent's, scalars replace. Every error names the file, the key and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ProfileError
+from .units import format_size, parse_duration, parse_size
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
+NAMESPACES = ("pid", "mount", "net", "ipc", "uts", "cgroup")
+NETWORK_MODES = ("none", "host")
+REQUIREMENT = ("required", "optional", "off")
+
+# schema: table -> {key: kind}; kinds are checked by _coerce.
+_SCHEMA: dict[str, dict[str, str]] = {
+    "": {"name": "str", "description": "str", "extends": "str"},
+    "limits": {
+        "timeout": "duration", "kill_grace": "duration", "cpu_time": "duration",
+        "memory": "size", "address_space": "size", "processes": "count", "file_size": "size",
+        "open_files": "count", "cpus": "float", "output": "size", "tmp_size": "size",
+        "shm_size": "size", "log_size": "size", "allow_no_timeout": "bool", "max_timeout": "duration",
+    },
+    "filesystem": {
+        "view": "str", "ro_bind": "binds", "ro_bind_try": "binds", "bind": "binds", "workdir": "str",
+    },
+    "network": {"mode": "str"},
+    "process": {"hostname": "str", "env": "env", "env_passthrough": "strlist"},
+    "security": {
+        "namespaces": "strlist", "seccomp": "str", "landlock": "str", "cgroup": "str",
+    },
+    "filter": {"blocklist": "bool", "block": "strlist", "allow": "strlist", "scan": "strlist"},
+}
+_APPEND_LISTS = {("filesystem", "ro_bind"), ("filesystem", "ro_bind_try"), ("filesystem", "bind"),
+                 ("process", "env_passthrough"), ("filter", "block"), ("filter", "allow"), ("filter", "scan")}
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # absolute host path
+    target: str  # absolute path inside the sandbox
+    writable: bool = False
+    optional: bool = False  # skipped when the source does not exist
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float | None = 30.0  # wall clock; None only when allow_no_timeout
+    kill_grace: float = 1.0
+    cpu_time: float | None = 30.0  # RLIMIT_CPU seconds
+    memory: int | None = 512 * 2**20  # cgroup memory limit
+    address_space: int | None = 4 * 2**30  # RLIMIT_AS
+    processes: int | None = 64  # cgroup pids.max and RLIMIT_NPROC
+    file_size: int | None = 64 * 2**20  # RLIMIT_FSIZE
+    open_files: int | None = 256  # RLIMIT_NOFILE
+    cpus: float | None = 1.0  # cgroup CPU quota in cores
+    output: int = 2**20  # per stream
+    tmp_size: int = 64 * 2**20
+    shm_size: int = 16 * 2**20
+    log_size: int = 8 * 2**20  # background session logs
+    allow_no_timeout: bool = False
+    max_timeout: float | None = None  # cap on a caller's timeout
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str = ""
+    source: str = ""
+    limits: Limits = field(default_factory=Limits)
+    view: str = "private"  # "private": tmpfs root + binds + pivot_root; "host": no mount namespace
+    mounts: tuple[Mount, ...] = ()
+    workdir: str = "/work"  # where the workdir appears inside; "same" = at its host path
+    network: str = "none"
+    hostname: str = "sandbox"
+    env: tuple[tuple[str, str], ...] = ()
+    env_passthrough: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = NAMESPACES
+    seccomp: str = "default"
+    landlock: str = "optional"
+    cgroup: str = "required"
+    blocklist: bool = True
+    block: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+    scan: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["env"] = dict(self.env)
+        lim = d["limits"]
+        for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size"):
+            lim[k] = format_size(lim[k])
+        return d
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def _search_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("SANDBOXRUN_PROFILE_PATH", "").split(":") if p]
+    return [*extra, BUILTIN_DIR]
+
+
+def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
+    """A profile name ("strict") or a path ("./my.toml") to a file path."""
+    if "\0" in ref:
+        raise ProfileError("profile name contains a NUL byte", key="profile", value=ref)
+    if "/" in ref or ref.endswith(".toml"):
+        p = Path(ref)
+        if not p.is_absolute() and relative_to is not None:
+            p = relative_to / p
+        if not p.is_file():
+            raise ProfileError("no such profile file", key="profile", value=ref)
+        return p
+    for d in _search_dirs():
+        p = d / f"{ref}.toml"
+        if p.is_file():
+            return p
+    raise ProfileError(f"unknown profile (built-in: {', '.join(builtin_names())})", key="profile", value=ref)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"malformed TOML: {e}", source=str(path)) from None
+    except OSError as e:
+        raise ProfileError(f"cannot read: {e.strerror}", source=str(path)) from None
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for table, value in child.items():
+        if table == "extends":
+            continue
+        if isinstance(value, dict) and isinstance(out.get(table), dict):
+            merged = dict(out[table])
+            for k, v in value.items():
+                if (table, k) in _APPEND_LISTS and isinstance(v, list) and isinstance(merged.get(k), list):
+                    merged[k] = [*merged[k], *(x for x in v if x not in merged[k])]
+                elif table == "process" and k == "env" and isinstance(v, dict) and isinstance(merged.get(k), dict):
+                    merged[k] = {**merged[k], **v}
+                else:
+                    merged[k] = v
+            out[table] = merged
+        else:
+            out[table] = value
+    return out
+
+
+def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        chain = " -> ".join(p.name for p in (*seen, path))
+        raise ProfileError(f"'extends' forms a cycle: {chain}", source=str(path), key="extends")
+    raw = _read_toml(path)
+    parent_ref = raw.get("extends")
+    if parent_ref is None:
+        return raw
+    if not isinstance(parent_ref, str) or not parent_ref:
+        raise ProfileError("must be a profile name or path", source=str(path), key="extends", value=parent_ref)
+    try:
+        parent_path = resolve_path(parent_ref, relative_to=path.parent)
+    except ProfileError as e:
+        raise ProfileError(str(e).split(": ", 1)[-1], source=str(path), key="extends", value=parent_ref) from None
+    parent = _load_raw(parent_path, (*seen, path))
+    merged = _merge(parent, raw)
+    merged.pop("name", None) if "name" not in raw else None
+    merged.pop("description", None) if "description" not in raw else None
+    return merged
+
+
+_cache: dict[str, tuple[tuple[tuple[str, int], ...], Profile]] = {}
+
+
+def load(ref: str | os.PathLike[str] = "strict") -> Profile:
+    """Load and validate a profile by built-in name or file path (cached until a file changes)."""
+    if not isinstance(ref, (str, os.PathLike)):
+        raise ProfileError(f"expected a profile name or path, got {type(ref).__name__}", key="profile")
+    path = resolve_path(os.fspath(ref))
+    hit = _cache.get(str(path))
+    if hit is not None and all(_mtime(p) == m for p, m in hit[0]):
+        return hit[1]
+    raw = _load_raw(path)
+    prof = from_dict(raw, source=str(path), default_name=path.stem)
+    _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
+    return prof
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _chain(path: Path) -> list[str]:
+    """Files a profile was built from (itself and its `extends` ancestors)."""
+    out = []
+    seen: set[Path] = set()
+    while path not in seen:
+        seen.add(path)
+        out.append(str(path))
+        parent = _read_toml(path).get("extends")
+        if not isinstance(parent, str):
+            break
+        path = resolve_path(parent, relative_to=path.parent).resolve()
+    return out
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _coerce(kind: str, value: Any, err: Any) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise err("expected a string")
+        if "\0" in value:
+            raise err("contains a NUL byte")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise err("expected true or false")
+        return value
+    if kind in ("size", "duration"):
+        try:
+            return parse_size(value) if kind == "size" else parse_duration(value)
+        except ValueError as e:
+            raise err(str(e)) from None
+    if kind == "count":
+        if isinstance(value, str) and value.lower() in ("unlimited", "none", "off"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise err("expected a whole number")
+        if value <= 0:
+            raise err("must be positive")
+        return value
+    if kind == "float":
+        if isinstance(value, str) and value.lower() in ("unlimited", "none", "off"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise err("expected a number")
+        if value < 0:
+            raise err("cannot be negative")
+        return float(value) or None
+    if kind == "strlist":
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise err("expected a list of strings")
+        if any("\0" in x for x in value):
+            raise err("contains a NUL byte")
+        return tuple(value)
+    if kind == "abspath":
+        value = _coerce("str", value, err)
+        _check_abs(value, err)
+        return value
+    if kind == "env":
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise err("expected a table of string values")
+        for k, v in value.items():
+            _check_env_pair(k, v, err)
+        return tuple(value.items())
+    if kind == "binds":
+        return _coerce("strlist", value, err)
+    raise AssertionError(kind)
+
+
+def _check_abs(p: str, err: Any) -> None:
+    if not p.startswith("/"):
+        raise err("must be an absolute path")
+    if ".." in p.split("/"):
+        raise err("must not contain '..'")
+
+
+def _check_env_pair(k: str, v: str, err: Any) -> None:
+    if not k or "=" in k or "\0" in k or "\0" in v:
+        raise err(f"invalid environment variable {k!r}")
+
+
+def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
+    """"SRC" or "SRC:DST" to a Mount; both absolute, no '..'."""
+    src, _, dst = spec.partition(":")
+    dst = dst or src
+    _check_abs(src, err)
+    _check_abs(dst, err)
+    src, dst = os.path.normpath(src), os.path.normpath(dst)
+    if dst == "/":
+        raise err("cannot bind over the sandbox root")
+    if not optional and not os.path.exists(src):
+        raise err(f"path does not exist: {src}")
+    return Mount(src, dst, writable, optional)
+
+
+def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom") -> Profile:
+    def err_for(key: str, value: Any) -> Any:
+        return lambda msg: ProfileError(msg, source=source, key=key, value=value)
+
+    values: dict[str, dict[str, Any]] = {}
+    for table, content in raw.items():
+        if table in _SCHEMA[""]:
+            continue
+        if table not in _SCHEMA:
+            raise ProfileError(f"unknown table or key (known: {', '.join(k for k in _SCHEMA if k)})",
+                               source=source, key=table)
+        if not isinstance(content, dict):
+            raise ProfileError("expected a table", source=source, key=table, value=content)
+        values[table] = {}
+        for key, value in content.items():
+            kind = _SCHEMA[table].get(key)
+            if kind is None:
+                raise ProfileError(f"unknown key (known: {', '.join(_SCHEMA[table])})",
+                                   source=source, key=f"{table}.{key}")
+            values[table][key] = _coerce(kind, value, err_for(f"{table}.{key}", value))
+    for key in ("name", "description"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ProfileError("expected a string", source=source, key=key, value=raw[key])
+
+    lim = values.get("limits", {})
+    limits = Limits(**{k: v for k, v in lim.items()})
+    for key in ("output", "tmp_size", "shm_size", "log_size"):
+        if getattr(limits, key) is None:
+            raise ProfileError("cannot be unlimited", source=source, key=f"limits.{key}")
+    if limits.timeout is None or limits.timeout == 0:
+        if not limits.allow_no_timeout:
+            raise ProfileError("a run without a wall timeout needs limits.allow_no_timeout = true",
+                               source=source, key="limits.timeout", value=lim.get("timeout"))
+        limits = dataclasses.replace(limits, timeout=None)
+    for key in ("memory", "processes", "file_size", "open_files", "address_space"):
+        v = getattr(limits, key)
+        if v is not None and v > 2**62:
+            raise ProfileError("is too large", source=source, key=f"limits.{key}", value=lim.get(key))
+    if limits.memory is not None and limits.memory < 4 * 2**20:
+        raise ProfileError("must be at least 4MiB", source=source, key="limits.memory", value=lim.get("memory"))
+
+    fs = values.get("filesystem", {})
+    mounts: list[Mount] = []
+    for key, writable, optional in (("ro_bind", False, False), ("ro_bind_try", False, True), ("bind", True, False)):
+        for spec in fs.get(key, ()):
+            mounts.append(parse_bind(spec, writable=writable, optional=optional,
+                                     err=err_for(f"filesystem.{key}", spec)))
+    workdir = fs.get("workdir", "/work")
+    if workdir != "same":
+        _check_abs(workdir, err_for("filesystem.workdir", workdir))
+    view = fs.get("view", "private")
+    if view not in ("private", "host"):
+        raise ProfileError("expected 'private' or 'host'", source=source, key="filesystem.view", value=view)
+
+    sec = values.get("security", {})
+    for key, allowed in (("seccomp", ("default", "off")), ("landlock", REQUIREMENT), ("cgroup", REQUIREMENT)):
+        if key in sec and sec[key] not in allowed:
+            raise ProfileError(f"expected one of {', '.join(allowed)}", source=source,
+                               key=f"security.{key}", value=sec[key])
+    for ns in sec.get("namespaces", ()):
+        if ns not in NAMESPACES:
+            raise ProfileError(f"unknown namespace (known: {', '.join(NAMESPACES)}; 'user' is automatic)",
+                               source=source, key="security.namespaces", value=ns)
+    namespaces = tuple(n for n in NAMESPACES if n in sec.get("namespaces", NAMESPACES))
+    if view == "private" and "mount" not in namespaces:
+        raise ProfileError("filesystem.view = 'private' needs the mount namespace", source=source,
+                           key="security.namespaces")
+
+    net = values.get("network", {}).get("mode", "none")
+    if net == "loopback":
+        net = "none"
+    if net not in NETWORK_MODES:
+        raise ProfileError("expected 'none' (own loopback only) or 'host'", source=source,
+                           key="network.mode", value=net)
+    if net == "none" and "net" not in namespaces:
+        raise ProfileError("network.mode = 'none' needs the net namespace", source=source, key="network.mode")
+
+    proc = values.get("process", {})
+    flt = values.get("filter", {})
+    hostname = proc.get("hostname", "sandbox")
+    if not hostname or len(hostname) > 64 or "/" in hostname:
+        raise ProfileError("expected 1-64 characters without '/'", source=source,
+                           key="process.hostname", value=hostname)
+    return Profile(
+        name=raw.get("name", default_name), description=raw.get("description", ""), source=source,
+        limits=limits, view=view, mounts=tuple(mounts), workdir=workdir, network=net,
+        hostname=hostname, env=proc.get("env", ()), env_passthrough=proc.get("env_passthrough", ()),
+        namespaces=namespaces, seccomp=sec.get("seccomp", "default"), landlock=sec.get("landlock", "optional"),
+        cgroup=sec.get("cgroup", "required"), blocklist=flt.get("blocklist", True), block=flt.get("block", ()),
+        allow=flt.get("allow", ()), scan=flt.get("scan", ()),
+    )
+
+
+# ---------------------------------------------------------------------------- overrides
+
+_LIMIT_OVERRIDES = {
+    "timeout": "duration", "kill_grace": "duration", "cpu_time": "duration", "memory": "size",
+    "address_space": "size", "processes": "count", "file_size": "size", "open_files": "count",
+    "cpus": "float", "output": "size", "tmp_size": "size",
+}
+
+
+def with_overrides(profile: Profile, **overrides: Any) -> Profile:
+    """Apply single-setting overrides (library kwargs and CLI flags), validated like the file."""
+    if not overrides:
+        return profile
+    src = "override"
+    limits = profile.limits
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        err = (lambda k, v: (lambda msg: ProfileError(msg, source=src, key=k, value=v)))(key, value)
+        if key in _LIMIT_OVERRIDES:
+            v = _coerce(_LIMIT_OVERRIDES[key], value, err)
+            if key == "timeout":
+                if v is None or v == 0:
+                    if not limits.allow_no_timeout:
+                        raise err(f"profile {profile.name!r} does not allow running without a timeout")
+                    v = None
+                elif limits.max_timeout is not None and v > limits.max_timeout:
+                    raise err(f"exceeds the profile's max_timeout of {limits.max_timeout:g}s")
+            limits = dataclasses.replace(limits, **{key: v})
+        elif key in ("ro_bind", "bind"):
+            specs = [value] if isinstance(value, str) else list(value)
+            extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
+                          for s in specs)
+            changes["mounts"] = (*changes.get("mounts", profile.mounts), *extra)
+        elif key == "network":
+            v = "none" if value == "loopback" else value
+            if v not in NETWORK_MODES:
+                raise err("expected none, loopback or host")
+            if v == "none" and "net" not in profile.namespaces:
+                raise err(f"profile {profile.name!r} has no net namespace")
+            changes["network"] = v
+        elif key == "env":
+            if not isinstance(value, dict):
+                raise err("expected a mapping of names to strings")
+            for k, v in value.items():
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise err("names and values must be strings")
+                _check_env_pair(k, v, err)
+            changes["env"] = (*profile.env, *value.items())
+        elif key == "hostname":
+            changes["hostname"] = _coerce("str", value, err)
+        else:
+            known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
+            raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
+    return dataclasses.replace(profile, limits=limits, **changes)

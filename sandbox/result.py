@@ -1,0 +1,104 @@
+"""The structured result of one run, and its JSON schema (result.schema.json).
+
+Flat seed fields that agent clients already parse (success, command, exit_code,
+stdout, stderr, duration_ms, timed_out, pid, blocked, block_reason) sit beside a
+`status` that says why the run ended, usage, truncation, and the isolation
+that was actually applied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Why a run ended. "ok" and "nonzero_exit" are the command's own doing.
+STATUSES = (
+    "ok",  # exit 0
+    "nonzero_exit",  # exited with a non-zero code
+    "signaled",  # killed by a signal it did not get from a limit
+    "timeout",  # wall timeout: SIGTERM, grace, SIGKILL
+    "memory_limit",  # OOM-killed by the cgroup memory limit
+    "cpu_limit",  # RLIMIT_CPU (SIGXCPU/SIGKILL)
+    "output_limit",  # reserved: output past the cap is drained, never fatal; see *_truncated
+    "blocked",  # refused by the first-line filter; nothing ran
+    "setup_error",  # a required isolation layer could not be applied; nothing ran
+    "running",  # a foreground run that became a background session (yield_after)
+    "lost",  # background session whose monitor died
+)
+
+
+@dataclass
+class Usage:
+    cpu_user_s: float = 0.0
+    cpu_sys_s: float = 0.0
+    wall_s: float = 0.0
+    peak_memory_bytes: int = 0  # cgroup peak where available, else max RSS of one process
+    oom_kills: int = 0
+    pids_limit_hit: bool = False
+
+
+@dataclass
+class Isolation:
+    """What was really applied (never what was merely asked for)."""
+
+    namespaces: list[str] = field(default_factory=list)
+    user_namespace: bool = False
+    filesystem: str = "none"  # "private" (tmpfs root, binds, pivot_root) or "host"
+    uid: int | None = None  # uid the command ran as, as seen inside
+    host_uid: int | None = None
+    network: str = "host"
+    seccomp: str = "off"
+    no_new_privs: bool = False
+    capabilities: str = "unchanged"  # "none" once every capability (bounding set too) is dropped
+    landlock_abi: int = 0
+    cgroup: str = "none"  # "v1", "v2" or "none"
+    limits: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    command: list[str]
+    status: str
+    success: bool = False
+    exit_code: int = -1
+    signal: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+    timed_out: bool = False
+    pid: int | None = None
+    blocked: bool = False
+    block_reason: str | None = None
+    error: str | None = None  # human-readable reason for setup_error / exec failure / limits
+    error_step: str | None = None  # setup_error: the child step that failed
+    error_errno: int | None = None
+    profile: str = ""
+    usage: Usage = field(default_factory=Usage)
+    isolation: Isolation = field(default_factory=Isolation)
+    trace: dict[str, float] | None = None  # per-step child setup cost in ms (SANDBOXRUN_TRACE=1)
+    session_id: str | None = None  # background runs
+    # Raw bytes, for callers that need them exactly (not serialised).
+    stdout_raw: bytes = field(default=b"", repr=False)
+    stderr_raw: bytes = field(default=b"", repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("stdout_raw")
+        d.pop("stderr_raw")
+        return d
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Result:
+        d = dict(d)
+        d["usage"] = Usage(**d.get("usage", {}))
+        d["isolation"] = Isolation(**d.get("isolation", {}))
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,590 @@
+"""The parent side of one run: prepare, launch, pump, watch the clock, collect.
+
+It knows nothing of mounts or namespaces: it turns a Profile and a request into a
+RunPlan (see plan.py), asks a forker for the child, and then only deals with pipes,
+a pidfd, a cgroup and the deadline. The child reports setup failures and the
+command's exit over a close-on-exec report pipe.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import math
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import profile as profiles
+from .errors import InputError
+from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
+from .isolation import cgroups
+from .isolation.filesystem import ViewSpec, view_binds
+from .isolation.syscalls import NAMESPACE_FLAGS
+from .output import Capture
+from .plan import RunPlan
+from .profile import Profile
+from .result import Isolation, Result, Usage
+
+F_SETPIPE_SZ = 1031
+SANDBOX_UID = 1000  # inside a rootless run's own user namespace
+ARG_MAX = os.sysconf("SC_ARG_MAX")
+
+_server: ServerForker | None = None
+_direct: DirectForker | None = None
+_forker_lock = threading.Lock()
+
+
+def use_direct_forker() -> None:
+    """For a process that is and stays single-threaded (the CLI): fork from here."""
+    global _direct
+    _direct = DirectForker()
+
+
+def _forker() -> DirectForker | ServerForker:
+    global _server
+    if _direct is not None:
+        return _direct
+    with _forker_lock:
+        if _server is None:
+            _server = ServerForker()
+            import atexit
+
+            atexit.register(_server.close)
+        return _server
+
+
+# ---------------------------------------------------------------------------- request
+
+
+@dataclass
+class Request:
+    argv: list[str]
+    profile: Profile
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: bytes | None = None
+    stdin_fd: int | None = None  # an open fd to read from instead (CLI --stdin-file)
+    on_stdout: Callable[[bytes], None] | None = None
+    on_stderr: Callable[[bytes], None] | None = None
+    trace: bool = False
+    pty_fd: int | None = None  # background sessions: the terminal's slave side
+
+
+def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
+    if isinstance(command, (bytes, bytearray)):
+        raise InputError("command: pass a str or a list of str, not bytes")
+    if isinstance(command, str):
+        if "\0" in command:
+            raise InputError("command contains a NUL byte")
+        if shell:
+            argv = ["/bin/sh", "-c", command]
+        else:
+            try:
+                argv = shlex.split(command)
+            except ValueError as e:
+                raise InputError(f"command: cannot split {command[:80]!r}: {e} (unbalanced quotes?)") from None
+    else:
+        argv = list(command)
+        for i, a in enumerate(argv):
+            if not isinstance(a, str):
+                raise InputError(f"command[{i}]: expected a string, got {type(a).__name__}")
+            if "\0" in a:
+                raise InputError(f"command[{i}] contains a NUL byte")
+        if shell:
+            argv = ["/bin/sh", "-c", shlex.join(argv) if len(argv) != 1 else argv[0]]
+    if not argv or not argv[0]:
+        raise InputError("empty command")
+    return argv
+
+
+def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(prof.env)
+    for name in prof.env_passthrough:
+        if name in os.environ:
+            env[name] = os.environ[name]
+    for k, v in (extra or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InputError(f"env: {k!r}: names and values must be strings")
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise InputError(f"env: invalid variable {k!r}")
+        env[k] = v
+    return env
+
+
+def check_size(argv: list[str], env: dict[str, str]) -> None:
+    size = sum(len(a.encode(errors="surrogateescape")) + 1 + 8 for a in argv)
+    size += sum(len(k) + len(v.encode(errors="surrogateescape")) + 2 + 8 for k, v in env.items())
+    if size > ARG_MAX:
+        raise InputError(f"command and environment are {size} bytes, over ARG_MAX ({ARG_MAX})")
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None, host_uid: int | None) -> Isolation:
+    lim = prof.limits
+    return Isolation(
+        namespaces=[n for n in prof.namespaces if n != "net" or prof.network == "none"]
+        + (["user"] if plan and (plan.nested_userns or os.geteuid() != 0) and prof.namespaces else []),
+        user_namespace=bool(plan and os.geteuid() != 0 and prof.namespaces),
+        filesystem=prof.view if plan else "none",
+        uid=plan.uid if plan and plan.uid >= 0 else None,
+        host_uid=host_uid,
+        network=prof.network,
+        seccomp=prof.seccomp,
+        no_new_privs=True,
+        capabilities="none",
+        cgroup=cg.version if cg else "none",
+        limits={
+            "timeout_s": lim.timeout, "cpu_time_s": lim.cpu_time, "memory_bytes": lim.memory if cg else None,
+            "address_space_bytes": lim.address_space, "processes": lim.processes,
+            "file_size_bytes": lim.file_size, "open_files": lim.open_files, "cpus": lim.cpus if cg else None,
+            "output_bytes": lim.output, "tmp_bytes": lim.tmp_size,
+        },
+    )
+
+
+def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: str, started: float) -> Result:
+    return Result(
+        command=argv, status="setup_error", profile=prof.name, error=f"{step}: {message}", error_step=step,
+        error_errno=err, duration_ms=(time.monotonic() - started) * 1000,
+        stderr=f"sandboxrun: setup failed at {step}: {message}\n",
+    )
+
+
+class _Workdir:
+    """The run's workdir on the host: the caller's, or a fresh one removed afterwards."""
+
+    def __init__(self, cwd: str | None, owner: tuple[int, int] | None) -> None:
+        self.fresh = cwd is None
+        if cwd is None:
+            self.path = tempfile.mkdtemp(prefix="sandboxrun-")
+            if owner is not None:
+                os.chown(self.path, *owner)
+        else:
+            if not isinstance(cwd, (str, os.PathLike)):
+                raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
+            cwd = os.fspath(cwd)
+            if "\0" in cwd:
+                raise InputError("cwd contains a NUL byte")
+            path = os.path.realpath(cwd)
+            if not os.path.exists(path):
+                raise InputError(f"cwd: no such directory: {cwd}")
+            if not os.path.isdir(path):
+                raise InputError(f"cwd: not a directory: {cwd}")
+            self.path = path
+
+    def cleanup(self) -> None:
+        if self.fresh:
+            def onerror(_f: object, p: str, _e: object) -> None:
+                try:
+                    os.chmod(os.path.dirname(p), 0o700)
+                    os.chmod(p, 0o700)
+                except OSError:
+                    pass
+            shutil.rmtree(self.path, onerror=onerror)
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _identity(cwd: str | None, work: _Workdir) -> tuple[int, int, int | None, Any]:
+    """(uid inside, gid inside, host uid, lease) for this run."""
+    if os.geteuid() != 0:
+        return SANDBOX_UID, SANDBOX_UID, os.geteuid(), None
+    if cwd is not None:
+        st = os.stat(work.path)  # the caller's directory: run as its owner so it stays writable
+        return st.st_uid, st.st_gid, st.st_uid, None
+    from .isolation.uids import allocate
+
+    lease = allocate()
+    return lease.uid, lease.uid, lease.uid, lease
+
+
+def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
+    prof = req.profile
+    lim = prof.limits
+    rootless = os.geteuid() != 0
+    flags = 0
+    for ns in prof.namespaces:
+        if ns in ("pid",) or (ns == "net" and prof.network != "none") or (ns == "mount" and prof.view != "private"):
+            continue
+        flags |= NAMESPACE_FLAGS[ns]
+    inside = work.path if prof.workdir == "same" else prof.workdir
+    view = None
+    if prof.view == "private":
+        name = "root" if uid == 0 else "sandbox"
+        view = ViewSpec(
+            binds=view_binds(prof.mounts), workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
+            shm_size=lim.shm_size, hostname=prof.hostname,
+            passwd=f"{name}:x:{uid}:{gid}:sandbox:{inside}:/bin/sh\n"
+            + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
+            + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            group=f"{name}:x:{gid}:\n" + ("" if gid == 0 else "root:x:0:\n") + "nogroup:x:65534:\n",
+        )
+    rl: list[tuple[str, int]] = [("core", 0)]
+    if lim.cpu_time is not None:
+        rl.append(("cpu_time", max(1, math.ceil(lim.cpu_time))))
+    for key in ("address_space", "file_size", "open_files", "processes"):
+        v = getattr(lim, key)
+        if v is not None:
+            rl.append((key, v))
+    rw = [inside, "/tmp", "/dev"] if view else [work.path, "/tmp", "/dev", "/dev/shm"]
+    rw += [m.target for m in prof.mounts if m.writable]
+    bpf = b""
+    if prof.seccomp != "off":
+        from .isolation.seccomp import cached_bpf
+
+        bpf = cached_bpf(prof.seccomp)
+    env = dict(req.env)
+    if prof.workdir == "same" and env.get("HOME") == "/work":
+        env["HOME"] = inside
+    return RunPlan(
+        argv=req.argv, env=env, unshare_flags=flags, pid_namespace="pid" in prof.namespaces, view=view,
+        cwd=inside if view else work.path, loopback=prof.network == "none" and "net" in prof.namespaces,
+        hostname=prof.hostname if "uts" in prof.namespaces else None, rlimits=tuple(rl),
+        uid=uid if (not rootless or prof.namespaces) else -1, gid=gid,
+        nested_userns=rootless and bool(prof.namespaces),
+        seccomp_bpf=bpf, landlock=prof.landlock, landlock_ro=("/",), landlock_rw=tuple(rw),
+        trace=req.trace, pty=req.pty_fd is not None,
+    )
+
+
+def _pipe(size: int | None = None) -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    if size:
+        try:
+            fcntl.fcntl(w, F_SETPIPE_SZ, size)
+        except OSError:
+            pass
+    return r, w
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+def execute(req: Request) -> Result:
+    """Run one prepared request to completion."""
+    started = time.monotonic()
+    prof = req.profile
+    argv = req.argv
+    check_size(argv, req.env)
+    cg: cgroups.RunCgroup | None = None
+    cg_error: str | None = None
+    if prof.cgroup != "off":
+        try:
+            backend = cgroups.detect()
+            cg = backend.create(cgroups.CgroupLimits(prof.limits.memory, prof.limits.processes, prof.limits.cpus))
+        except OSError as e:
+            cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
+            if prof.cgroup == "required":
+                return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
+    work: _Workdir | None = None
+    lease = None
+    opened: list[int] = []
+    try:
+        work = _Workdir(req.cwd, None)
+        uid, gid, host_uid, lease = _identity(req.cwd, work)
+        if work.fresh and os.geteuid() == 0:
+            os.chown(work.path, uid, gid)
+        plan = make_plan(req, work, uid, gid)
+        out_r, out_w = _pipe(1 << 20)
+        err_r, err_w = _pipe(1 << 20)
+        rep_r, rep_w = _pipe()
+        opened += [out_r, out_w, err_r, err_w, rep_r, rep_w]
+        stdin_w = -1
+        if req.pty_fd is not None:
+            in_r = out_w_ = err_w_ = req.pty_fd
+            out_w_, err_w_ = req.pty_fd, req.pty_fd
+        else:
+            out_w_, err_w_ = out_w, err_w
+            if req.stdin_fd is not None:
+                in_r = req.stdin_fd
+            elif req.stdin:
+                in_r, stdin_w = _pipe()
+                opened += [in_r, stdin_w]
+            else:
+                in_r = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+                opened.append(in_r)
+        cg_fds = cg.open_procs() if cg else []
+        opened += cg_fds
+        try:
+            launched = _forker().spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds))
+        except ForkError as e:
+            return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
+        # Only the child may hold the write ends now, so EOF means it is gone.
+        for fd in (out_w, err_w, rep_w, *cg_fds, *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
+            os.close(fd)
+            opened.remove(fd)
+        res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
+        res.isolation = _isolation(prof, plan, cg, host_uid)
+        if res.isolation.cgroup == "none" and cg_error:
+            res.isolation.limits["cgroup_unavailable"] = cg_error
+        return res
+    finally:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if cg is not None:
+            try:
+                cg.remove()
+            except OSError:
+                pass
+        if lease is not None:
+            lease.release()
+        if work is not None:
+            work.cleanup()
+
+
+@dataclass
+class _Report:
+    status: int | None = None
+    utime: float = 0.0
+    stime: float = 0.0
+    maxrss_kb: int = 0
+    error: tuple[str, int, str] | None = None
+    trace: dict[str, float] = field(default_factory=dict)
+    landlock_abi: int = 0
+    buf: bytes = b""
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            self._line(line.decode(errors="replace"))
+
+    def _line(self, line: str) -> None:
+        kind, _, rest = line.partition(" ")
+        if kind == "X":
+            parts = rest.split()
+            self.status = int(parts[0])
+            self.utime, self.stime, self.maxrss_kb = float(parts[1]), float(parts[2]), int(parts[3])
+        elif kind == "E":
+            step, err, msg = (rest.split(" ", 2) + ["", ""])[:3]
+            self.error = (step, int(err) if err.isdigit() else 0, msg)
+        elif kind == "T":
+            for kv in rest.split():
+                k, _, v = kv.partition("=")
+                self.trace[k] = float(v)
+        elif kind == "A" and rest.startswith("landlock="):
+            self.landlock_abi = int(rest.split("=", 1)[1])
+
+
+def _send(launched: Launched, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(launched.pidfd, sig)
+    except OSError:
+        pass
+
+
+def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: int, stdin_w: int,
+               cg: cgroups.RunCgroup | None, started: float) -> Result:
+    prof = req.profile
+    lim = prof.limits
+    out = Capture(lim.output, req.on_stdout)
+    err = Capture(lim.output, req.on_stderr)
+    report = _Report()
+    sel = selectors.DefaultSelector()
+    for fd in (out_r, err_r, rep_r):
+        os.set_blocking(fd, False)
+    sel.register(out_r, selectors.EVENT_READ, "out")
+    sel.register(err_r, selectors.EVENT_READ, "err")
+    sel.register(rep_r, selectors.EVENT_READ, "report")
+    sel.register(launched.pidfd, selectors.EVENT_READ, "exit")
+    stdin_data = memoryview(req.stdin or b"")
+    if stdin_w >= 0:
+        os.set_blocking(stdin_w, False)
+        sel.register(stdin_w, selectors.EVENT_WRITE, "stdin")
+    open_streams = {"out", "err", "report"}
+    deadline = started + lim.timeout if lim.timeout else None
+    timed_out = False
+    kill_at: float | None = None
+    exited_at: float | None = None
+    try:
+        while open_streams or exited_at is None:
+            now = time.monotonic()
+            if exited_at is None:
+                if deadline is not None and not timed_out and now >= deadline:
+                    timed_out = True
+                    _send(launched, signal.SIGTERM)  # init forwards it to every process
+                    kill_at = now + lim.kill_grace
+                if kill_at is not None and now >= kill_at:
+                    _send(launched, signal.SIGKILL)  # the pid namespace dies with its init
+                    if cg is not None:
+                        cg.kill_all()
+                    kill_at = now + 0.5
+                wake = [t for t in (deadline if not timed_out else None, kill_at) if t is not None]
+                wait = max(0.0, min(wake) - now) if wake else None
+            else:
+                # Everything in the sandbox is dead; the pipes can only be at EOF, but never
+                # wait for a writer we do not know about.
+                wait = max(0.0, exited_at + 2.0 - now)
+                if wait == 0:
+                    break
+            for key, _ev in sel.select(wait):
+                what = key.data
+                if what == "out":
+                    if not out.read_from(out_r):
+                        sel.unregister(out_r)
+                        open_streams.discard("out")
+                elif what == "err":
+                    if not err.read_from(err_r):
+                        sel.unregister(err_r)
+                        open_streams.discard("err")
+                elif what == "report":
+                    try:
+                        data = os.read(rep_r, 65536)
+                    except BlockingIOError:
+                        continue
+                    if data:
+                        report.feed(data)
+                    else:
+                        sel.unregister(rep_r)
+                        open_streams.discard("report")
+                elif what == "exit":
+                    sel.unregister(launched.pidfd)
+                    exited_at = time.monotonic()
+                elif what == "stdin":
+                    try:
+                        n = os.write(stdin_w, stdin_data[:65536])
+                        stdin_data = stdin_data[n:]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # EPIPE: the command does not read its stdin
+                        stdin_data = stdin_data[:0]
+                    if not stdin_data:
+                        sel.unregister(stdin_w)
+                        os.close(stdin_w)
+                        stdin_w = -1
+    finally:
+        sel.close()
+        if stdin_w >= 0:
+            os.close(stdin_w)
+        if exited_at is None:
+            _send(launched, signal.SIGKILL)
+        launched.reap()
+        os.close(launched.pidfd)
+    duration = time.monotonic() - started
+    stats = cg.stats() if cg else None
+    usage = Usage(wall_s=round(duration, 6))
+    usage.cpu_user_s, usage.cpu_sys_s = report.utime, report.stime
+    usage.peak_memory_bytes = report.maxrss_kb * 1024
+    if stats is not None:
+        if stats.cpu_user_s is not None:
+            usage.cpu_user_s, usage.cpu_sys_s = round(stats.cpu_user_s, 6), round(stats.cpu_sys_s or 0.0, 6)
+        usage.peak_memory_bytes = max(stats.peak_memory, usage.peak_memory_bytes)
+        usage.oom_kills = stats.oom_kills
+        usage.pids_limit_hit = stats.pids_max_hit
+    res = Result(
+        command=req.argv, status="ok", profile=prof.name, duration_ms=round(duration * 1000, 3),
+        timed_out=timed_out, pid=launched.pid, usage=usage,
+        stdout=out.text(), stderr=err.text(), stdout_raw=bytes(out.data), stderr_raw=bytes(err.data),
+        stdout_bytes=out.total, stderr_bytes=err.total,
+        stdout_truncated=out.truncated, stderr_truncated=err.truncated,
+        trace=report.trace or None,
+    )
+    res.isolation.landlock_abi = report.landlock_abi
+    _classify(res, report, lim)
+    return res
+
+
+def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
+    if report.error is not None:
+        step, err, msg = report.error
+        if step == "exec":
+            res.exit_code = 127 if err == errno.ENOENT else 126
+            res.status = "nonzero_exit"
+            res.error = msg
+            res.stderr += f"sandboxrun: {msg}\n"
+            return
+        res.status = "setup_error"
+        res.error, res.error_step, res.error_errno = f"{step}: {msg}", step, err
+        res.stderr += f"sandboxrun: setup failed at {step}: {msg}\n"
+        return
+    if res.timed_out:
+        res.status = "timeout"
+        res.error = f"wall timeout of {lim.timeout:g}s"
+        if report.status is not None and os.WIFSIGNALED(report.status):
+            res.signal = _signal_name(os.WTERMSIG(report.status))
+        return
+    if report.status is None:  # the init itself was killed (OOM killer, or from outside)
+        res.signal = "SIGKILL"
+        res.status = "memory_limit" if res.usage.oom_kills else "signaled"
+        res.error = "the sandbox was killed" + (" by the OOM killer" if res.usage.oom_kills else "")
+        return
+    st = report.status
+    if os.WIFSIGNALED(st):
+        sig = os.WTERMSIG(st)
+        res.signal = _signal_name(sig)
+        cpu = res.usage.cpu_user_s + res.usage.cpu_sys_s
+        if res.usage.oom_kills and sig == signal.SIGKILL:
+            res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {lim.memory})"
+        elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and lim.cpu_time and cpu >= lim.cpu_time * 0.95):
+            res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
+        else:
+            res.status = "signaled"
+        return
+    code = os.WEXITSTATUS(st)
+    res.exit_code = code
+    if code == 0:
+        res.status, res.success = "ok", True
+    elif res.usage.oom_kills:
+        res.status, res.error = "memory_limit", "a process was killed by the OOM killer"
+    else:
+        res.status = "nonzero_exit"
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def run(
+    command: str | Sequence[str],
+    *,
+    profile: str | Profile = "strict",
+    timeout: float | str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | str | None = None,
+    shell: bool = False,
+    **overrides: Any,
+) -> Result:
+    """Run `command` in a sandbox and return its Result. Never raises for what the
+    command does; raises SandboxError (InputError/ProfileError) for bad input."""
+    started = time.monotonic()
+    trace = bool(overrides.pop("trace", False)) or os.environ.get("SANDBOXRUN_TRACE") == "1"
+    on_stdout = overrides.pop("on_stdout", None)
+    on_stderr = overrides.pop("on_stderr", None)
+    stdin_fd = overrides.pop("stdin_fd", None)
+    prof = profile if isinstance(profile, Profile) else profiles.load(profile)
+    prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
+    argv = to_argv(command, shell)
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+        raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
+    cmd_text = command if isinstance(command, str) else shlex.join(argv)
+    if prof.blocklist or prof.block or prof.allow:
+        from .filter import check
+
+        verdict = check(cmd_text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
+        if not verdict.allowed:
+            return Result(command=argv, status="blocked", blocked=True, block_reason=verdict.reason,
+                          error=verdict.reason, profile=prof.name,
+                          duration_ms=round((time.monotonic() - started) * 1000, 3))
+    req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
+                  env=build_env(prof, env), stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,
+                  on_stdout=on_stdout, on_stderr=on_stderr, trace=trace)
+    return execute(req)

@@ -1,0 +1,72 @@
+"""Parse sizes ("512MiB") and durations ("30s") from profiles and flags."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_TIME_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_NUM = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+UNLIMITED = ("unlimited", "none", "off")
+
+
+def parse_size(value: object) -> int | None:
+    """Bytes from 123, "64MiB", "1.5GiB"; None for "unlimited". Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512MiB, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    if isinstance(value, float):
+        raise ValueError("write sizes as integers or with a unit, e.g. 512MiB")
+    if not isinstance(value, str):
+        raise ValueError(f"expected a size such as 512MiB, got {type(value).__name__}")
+    if value.strip().lower() in UNLIMITED:
+        return None
+    m = _NUM.match(value)
+    if not m:
+        raise ValueError("expected a size such as 512MiB, 1GiB or 4096")
+    unit = m.group(2).lower()
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB or KB, MB, GB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> float | None:
+    """Seconds from 30, 2.5, "30s", "500ms", "2m"; None for "unlimited". Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, not a boolean")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        if value != value or value in (float("inf"),):
+            raise ValueError("a duration must be a finite number")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a duration such as 30s, got {type(value).__name__}")
+    if value.strip().lower() in UNLIMITED:
+        return None
+    m = _NUM.match(value)
+    if not m:
+        raise ValueError("expected a duration such as 30s, 500ms or 2m")
+    unit = m.group(2).lower()
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"unknown time unit {m.group(2)!r} (use ms, s, m or h)")
+    return float(m.group(1)) * _TIME_UNITS[unit]
+
+
+def format_size(n: int | None) -> str:
+    if n is None:
+        return "unlimited"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)

@@ -1,0 +1,79 @@
+"""Shared fixtures. Destructive tests (bombs, floods) use `contained`, which skips
+unless a real sandbox proves the layers they rely on (pid namespace, cgroup limits)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import sandbox  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak-long", action="store_true", help="long leak-audit mode")
+
+
+@pytest.fixture(scope="session")
+def probe() -> sandbox.Result:
+    """One real strict run: what this host really applies."""
+    return sandbox.run(["/bin/true"])
+
+
+@pytest.fixture(scope="session")
+def isolated(probe: sandbox.Result) -> sandbox.Result:
+    if probe.status != "ok":
+        pytest.skip(f"strict sandbox unavailable here: {probe.error}")
+    return probe
+
+
+@pytest.fixture(scope="session")
+def contained(isolated: sandbox.Result) -> sandbox.Result:
+    """Guard for tests that would harm the host if the sandbox were broken."""
+    iso = isolated.isolation
+    if "pid" not in iso.namespaces or iso.cgroup == "none" or iso.limits.get("processes") is None:
+        pytest.skip("destructive test needs a pid namespace and cgroup limits, not proven active")
+    return isolated
+
+
+@pytest.fixture
+def host_listener() -> Iterator[int]:
+    """A TCP listener on the host's 127.0.0.1; yields its port."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+                c.sendall(b"host-secret\n")
+                c.close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    srv.close()
+
+
+def py(code: str) -> list[str]:
+    return ["python3", "-c", code]
+
+
+def marker() -> str:
+    return f"sbxmark{os.getpid()}x{threading.get_ident() % 100000}x{os.urandom(3).hex()}"

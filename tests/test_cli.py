@@ -1,0 +1,103 @@
+"""The CLI as a user meets it: exit codes, one-line errors, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_sandbox(isolated) -> None:
+    pass
+
+
+def test_readme_command() -> None:
+    r = cli("--profile", "strict", "--", "python3", "-c", "print(6*7)")
+    assert (r.returncode, r.stdout) == (0, b"42\n"), r.stderr
+
+
+def test_exit_code_mirrors_command() -> None:
+    assert cli("--", "sh", "-c", "exit 7").returncode == 7
+    r = cli("--", "sh", "-c", "kill -TERM $$")
+    assert r.returncode == 128 + 15 and b"SIGTERM" in r.stderr
+
+
+def test_timeout_is_124_with_a_line() -> None:
+    r = cli("--timeout", "0.5", "--", "sleep", "10")
+    assert r.returncode == 124 and b"timed out" in r.stderr
+
+
+def test_blocked_is_125() -> None:
+    r = cli("--", "rm", "-rf", "/")
+    assert r.returncode == 125 and b"blocked" in r.stderr
+
+
+def test_json_result() -> None:
+    r = cli("--json", "--", "sh", "-c", "echo hi; exit 3")
+    d = json.loads(r.stdout)
+    assert r.returncode == 3 and d["status"] == "nonzero_exit" and d["stdout"] == "hi\n" and d["exit_code"] == 3
+
+
+def test_check_subcommand() -> None:
+    assert cli("check", "--", "ls", "-la").returncode == 0
+    r = cli("check", "--", "mkfs.ext4", "/dev/sda1")
+    assert r.returncode == 1 and b"mkfs" in r.stdout
+
+
+def test_profiles_subcommand() -> None:
+    r = cli("profiles")
+    assert r.returncode == 0 and b"strict" in r.stdout and b"ci" in r.stdout
+    r = cli("profiles", "show", "standard")
+    assert json.loads(r.stdout)["name"] == "standard"
+
+
+def test_stdin_file(tmp_path) -> None:
+    f = tmp_path / "in"
+    f.write_bytes(b"abc")
+    r = cli("--stdin-file", str(f), "--", "cat")
+    assert r.stdout == b"abc"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--profile", "nonesuch", "--", "true"), b"unknown profile"),
+    (("--memory", "lots", "--", "true"), b"memory"),
+    (("--cwd", "/no/such/dir", "--", "true"), b"no such directory"),
+    (("--cwd", "/etc/passwd", "--", "true"), b"not a directory"),
+    (("--env", "NOEQUALS", "--", "true"), b"NAME=VALUE"),
+    (("--ro-bind", "relative", "--", "true"), b"absolute"),
+    (("--",), b"no command"),
+    (("--shell", "--", "echo 'unbalanced"), b""),
+    (("--timeout", "-3", "--", "true"), b"negative"),
+])
+def test_bad_input_is_one_line_never_a_traceback(args, needle) -> None:
+    r = cli(*args)
+    assert b"Traceback" not in r.stderr, r.stderr
+    if needle:
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert needle in r.stderr, r.stderr
+
+
+def test_sigint_tears_down_and_exits_130() -> None:
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", "sleep", "30"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=10)
+    assert p.returncode == 130, err

@@ -1,0 +1,231 @@
+"""Each isolation layer has a test that fails if the layer is removed."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+import tempfile
+
+import pytest
+from conftest import py
+
+import sandbox
+
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+def test_pid_namespace_hides_host_processes() -> None:
+    host = subprocess.Popen(["sleep", "30"])
+    try:
+        r = sandbox.run(py(f"import os; print(os.path.exists('/proc/{host.pid}')); "
+                           "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"))
+        assert r.status == "ok", r
+        visible, pids = r.stdout.splitlines()
+        assert visible == "False"
+        assert max(eval(pids)) < 10  # only the sandbox's own few processes
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_network_namespace_blocks_host_loopback(host_listener: int) -> None:
+    # Control: the listener answers on the host.
+    with socket.create_connection(("127.0.0.1", host_listener), timeout=2) as c:
+        assert c.recv(64) == b"host-secret\n"
+    r = sandbox.run(py(
+        "import socket\n"
+        "try:\n"
+        f"    s = socket.create_connection(('127.0.0.1', {host_listener}), timeout=2); print('reached', s.recv(64))\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+    ))
+    assert r.status == "ok", r
+    assert r.stdout.startswith("refused"), r.stdout
+
+
+def test_own_loopback_works_inside() -> None:
+    r = sandbox.run(py(
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "c = socket.create_connection(s.getsockname()); a, _ = s.accept(); a.sendall(b'ok'); print(c.recv(2).decode())"
+    ))
+    assert r.stdout.strip() == "ok", r
+
+
+def test_no_route_outside() -> None:
+    r = sandbox.run(py(
+        "import socket\n"
+        "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=1); print('connected')\n"
+        "except OSError as e:\n    print('unreachable', e.errno)"
+    ))
+    assert r.stdout.startswith("unreachable"), r
+
+
+def test_secrets_of_the_host_filesystem_absent() -> None:
+    assert os.path.exists("/etc/shadow")
+    r = sandbox.run(py("import os; print([os.path.exists(p) for p in "
+                       "('/etc/shadow', '/root', '/home', '/dev/mem', '/dev/kmsg', '/dev/sda', '/sys', '/boot')])"))
+    assert r.stdout.strip() == "[False, False, False, False, False, False, False, False]", r
+
+
+def test_system_is_read_only_and_workdir_writable() -> None:
+    r = sandbox.run(["sh", "-c", "touch /usr/x 2>&1; touch /x 2>&1; touch /etc/x 2>&1; "
+                                 "echo data > /work/f && cat /work/f; echo t > /tmp/t && cat /tmp/t"])
+    out = r.stdout + r.stderr
+    assert out.count("Read-only file system") == 3, out
+    assert "data\nt\n" in r.stdout
+
+
+def test_tmp_is_private() -> None:
+    with tempfile.NamedTemporaryFile(dir="/tmp", prefix="hostonly-") as f:
+        r = sandbox.run(["sh", "-c", f"ls {f.name} 2>&1; ls -A /tmp | wc -l"])
+        assert "No such file" in r.stdout and r.stdout.strip().endswith("0"), r
+
+
+def test_caller_cwd_is_the_writable_workdir(tmp_path) -> None:
+    (tmp_path / "in.txt").write_text("hello")
+    r = sandbox.run(["sh", "-c", "cat in.txt; pwd; echo out > out.txt"], cwd=tmp_path)
+    assert r.stdout == "hello/work\n", r
+    assert (tmp_path / "out.txt").read_text() == "out\n"
+
+
+def test_planted_symlink_cannot_redirect_a_write_to_the_host(tmp_path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.symlink(victim, work / "link")  # as if a previous run had planted it
+    r = sandbox.run(["sh", "-c", f"ln -s {victim} planted; echo pwned > link; echo pwned > planted; echo done"],
+                    cwd=work)
+    assert "done" in r.stdout
+    assert victim.read_text() == "original"
+    # The fresh-workdir cleanup does not follow planted symlinks either.
+    r = sandbox.run(["sh", "-c", f"ln -s {tmp_path} escape; echo ok"])
+    assert r.stdout == "ok\n" and victim.exists()
+
+
+def test_capabilities_dropped_no_new_privs_seccomp() -> None:
+    r = sandbox.run(["sh", "-c", "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status"])
+    fields = dict(line.split(":\t") for line in r.stdout.splitlines())
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert fields[cap] == "0000000000000000", (cap, fields)
+    assert fields["NoNewPrivs"] == "1"
+    assert fields["Seccomp"] == "2"
+
+
+def test_unprivileged_uid() -> None:
+    r = sandbox.run(["id", "-u"])
+    assert r.status == "ok" and int(r.stdout) != 0, r
+    assert r.isolation.uid == int(r.stdout)
+
+
+def test_concurrent_runs_have_distinct_host_uids() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("per-run host uids are allocated for root callers")
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(lambda _: sandbox.run(["sleep", "0.3"]), range(4)))
+    uids = {r.isolation.host_uid for r in results}
+    assert len(uids) == 4, uids
+
+
+SECCOMP_PROBE = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    return 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()]
+print('unshare_user', call(272, 0x10000000))
+print('ptrace_traceme', call(101, 0, 0, 0, 0))
+print('keyctl', call(250, 0, 0, 0, 0))
+print('bpf', call(321, 0, 0, 0))
+print('userfaultfd', call(323, 0))
+print('perf_event_open', call(298, 0, 0, -1, -1, 0))
+print('io_uring_setup', call(425, 1, 0))
+import socket
+for fam in (16, 17, 40, 38):  # netlink, packet, vsock, alg
+    try:
+        socket.socket(fam, socket.SOCK_RAW if fam in (16, 17) else socket.SOCK_STREAM); print('socket', fam, 'ok')
+    except OSError as e:
+        print('socket', fam, errno.errorcode[e.errno])
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64")
+def test_seccomp_denies_kernel_surface_with_eperm() -> None:
+    r = sandbox.run(["python3", "-c", SECCOMP_PROBE])
+    lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    for name in ("unshare_user", "ptrace_traceme", "keyctl", "bpf", "userfaultfd", "perf_event_open",
+                 "io_uring_setup", "socket 16", "socket 17", "socket 40", "socket 38"):
+        assert lines[name] == "EPERM", (name, r.stdout, r.stderr)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x32 is an x86_64 ABI")
+def test_seccomp_kills_x32_abi() -> None:
+    r = sandbox.run(py("import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print('survived')"))
+    assert r.status == "signaled" and r.signal == "SIGSYS", r
+
+
+def test_only_std_fds_inherited() -> None:
+    leaked = os.open("/etc/hostname", os.O_RDONLY)  # inheritable on purpose
+    os.set_inheritable(leaked, True)
+    try:
+        r = sandbox.run(py("import os\nopen_fds = []\nfor fd in range(3, 4096):\n"
+                           "    try:\n        os.fstat(fd); open_fds.append(fd)\n    except OSError:\n        pass\n"
+                           "print(open_fds)"))
+        assert r.stdout.strip() == "[]", r
+    finally:
+        os.close(leaked)
+
+
+def test_callers_environment_does_not_leak(monkeypatch) -> None:
+    monkeypatch.setenv("SANDBOXRUN_TEST_SECRET", "hunter2")
+    r = sandbox.run(["env"])
+    assert "hunter2" not in r.stdout and "SANDBOXRUN_TEST_SECRET" not in r.stdout
+    r = sandbox.run(["env"], env={"GIVEN": "yes"})
+    assert "GIVEN=yes" in r.stdout
+
+
+def test_hostname_is_private() -> None:
+    before = socket.gethostname()
+    r = sandbox.run(["sh", "-c", "hostname; hostname evil 2>&1; hostname"])
+    assert r.stdout.splitlines()[0] == "sandbox"
+    assert socket.gethostname() == before
+
+
+def test_ipc_namespace_hides_host_sysv_shm() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    shmid = libc.shmget(0x5B0C5, 4096, 0o1666)  # IPC_CREAT | 0666
+    assert shmid >= 0
+    try:
+        r = sandbox.run(["cat", "/proc/sysvipc/shm"])
+        assert "5b0c5" not in r.stdout.lower() and str(0x5B0C5) not in r.stdout, r.stdout
+    finally:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
+def test_proc_knobs_read_only() -> None:
+    r = sandbox.run(["sh", "-c", "echo 1 > /proc/sys/kernel/sysrq 2>&1; echo b > /proc/sysrq-trigger 2>&1; echo end"])
+    assert "end" in r.stdout and r.stdout.count("Read-only file system") + r.stdout.count("Permission denied") >= 2, r
+
+
+def test_cgroup_namespace_and_limits_applied(isolated) -> None:
+    r = sandbox.run(["cat", "/proc/self/cgroup"])
+    # Inside a cgroup namespace every hierarchy shows the run's cgroup as its root.
+    assert "sandboxrun" not in r.stdout, r.stdout
+    assert isolated.isolation.cgroup in ("v1", "v2")
+
+
+def test_setuid_binaries_gain_nothing() -> None:
+    # su/passwd are setuid root on the host; with no_new_privs they run as us, without caps.
+    r = sandbox.run(["sh", "-c", "ls -l /usr/bin/passwd; /usr/bin/passwd -S root 2>&1; echo rc=$?"])
+    assert "rc=0" not in r.stdout, r.stdout
+
+
+def test_result_reports_isolation_applied(isolated) -> None:
+    iso = isolated.isolation
+    assert set(iso.namespaces) >= {"pid", "mount", "net", "ipc", "uts", "cgroup"}
+    assert iso.filesystem == "private" and iso.network == "none" and iso.seccomp == "default"
+    assert iso.no_new_privs and iso.capabilities == "none"

@@ -1,0 +1,169 @@
+"""Every status is reachable, and nothing outlives a run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import psutil
+import pytest
+from conftest import marker, py
+
+import sandbox
+
+
+def _alive_with(mark: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(mark in part for part in (p.info["cmdline"] or [])):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_ok_and_nonzero(isolated) -> None:
+    r = sandbox.run(py("print(6*7)"))
+    assert (r.status, r.success, r.exit_code, r.stdout) == ("ok", True, 0, "42\n")
+    r = sandbox.run(["sh", "-c", "echo err >&2; exit 3"])
+    assert (r.status, r.success, r.exit_code, r.stderr) == ("nonzero_exit", False, 3, "err\n")
+
+
+def test_signaled(isolated) -> None:
+    r = sandbox.run(["sh", "-c", "kill -SEGV $$"])
+    assert (r.status, r.signal, r.exit_code) == ("signaled", "SIGSEGV", -1), r
+
+
+def test_exec_failures_are_127_and_126(isolated) -> None:
+    r = sandbox.run(["no-such-command-xyz"])
+    assert (r.status, r.exit_code) == ("nonzero_exit", 127) and "command not found" in r.stderr
+    r = sandbox.run(["/etc"])
+    assert r.exit_code == 126, r
+    r = sandbox.run(["/etc/passwd"])
+    assert r.exit_code == 126, r
+
+
+def test_timeout_kills_everything_including_setsid_daemons(contained) -> None:
+    mark = marker()
+    t0 = time.monotonic()
+    r = sandbox.run(["sh", "-c", f"setsid sh -c 'trap \"\" TERM; exec -a {mark} sleep 1000' & "
+                                 f"(sleep 1000 &) ; trap '' TERM; sleep 1000"], timeout=1)
+    assert r.status == "timeout" and r.timed_out and r.exit_code == -1, r
+    assert time.monotonic() - t0 < 6
+    assert _alive_with(mark) == []
+
+
+def test_daemon_dies_when_main_command_exits(contained) -> None:
+    mark = marker()
+    r = sandbox.run(["sh", "-c", f"setsid sh -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 & echo started"])
+    assert r.status == "ok" and r.stdout == "started\n", r
+    assert _alive_with(mark) == []
+
+
+def test_memory_bomb_is_memory_limit(contained) -> None:
+    r = sandbox.run(py("x = []\nwhile True:\n    x.append(bytearray(16 << 20))"), memory="64MiB", timeout=20)
+    assert r.status == "memory_limit", r
+    assert r.usage.oom_kills >= 1
+    assert r.usage.peak_memory_bytes <= 80 * 2**20
+
+
+def test_fork_bomb_is_contained(contained) -> None:
+    r = sandbox.run(py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+                    processes=32, timeout=2)
+    assert r.status == "timeout", r
+    assert r.usage.pids_limit_hit or r.isolation.cgroup == "v1"
+
+
+def test_cpu_limit(contained) -> None:
+    r = sandbox.run(py("while True: pass"), cpu_time="1s", timeout=20)
+    assert r.status == "cpu_limit", r
+
+
+def test_output_flood_is_capped_and_counted(contained) -> None:
+    me = psutil.Process()
+    before = me.memory_info().rss
+    r = sandbox.run(["sh", "-c", "head -c 200000000 /dev/zero; head -c 3000000 /dev/zero >&2"], timeout=60)
+    grown = me.memory_info().rss - before
+    assert r.status == "ok", r
+    assert r.stdout_truncated and r.stdout_bytes == 200_000_000 and len(r.stdout_raw) == 2**20
+    assert r.stderr_truncated and r.stderr_bytes == 3_000_000
+    assert grown < 32 * 2**20, grown
+
+
+def test_small_output_not_truncated(isolated) -> None:
+    r = sandbox.run(["sh", "-c", "head -c 1000 /dev/zero"])
+    assert not r.stdout_truncated and r.stdout_bytes == 1000
+
+
+def test_stdin_is_fed_without_deadlock(isolated) -> None:
+    data = os.urandom(3 * 2**20)
+    r = sandbox.run(["wc", "-c"], stdin=data)
+    assert r.stdout.strip() == str(len(data)), r
+    r = sandbox.run(["true"], stdin=data)  # a command that never reads stdin
+    assert r.status == "ok"
+
+
+def test_blocked_runs_nothing() -> None:
+    r = sandbox.run("rm -rf /")
+    assert (r.status, r.blocked, r.exit_code, r.pid) == ("blocked", True, -1, None)
+    assert "rm" in r.block_reason
+
+
+def test_setup_error_names_the_step(tmp_path, isolated) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    prof = sandbox.load_profile("strict")
+    from sandbox.profile import with_overrides
+
+    prof = with_overrides(prof, ro_bind=[str(gone)])
+    gone.rmdir()
+    r = sandbox.run(["true"], profile=prof)
+    assert r.status == "setup_error" and r.error_step.startswith("filesystem"), r
+    assert r.error_errno == 2
+
+
+def test_string_command_and_shell(isolated) -> None:
+    assert sandbox.run("echo 'a b'").stdout == "a b\n"
+    assert sandbox.run("echo $((6*7)) | tr 4 X", shell=True).stdout == "X2\n"
+    with pytest.raises(sandbox.InputError, match="unbalanced|quotation"):
+        sandbox.run("echo 'oops")
+
+
+def test_many_threads_no_crosstalk(isolated) -> None:
+    errors: list[str] = []
+
+    def worker(n: int) -> None:
+        for i in range(25):
+            tag = f"{n}-{i}"
+            r = sandbox.run(["echo", tag])
+            if r.stdout != tag + "\n":
+                errors.append(f"{tag}: {r.status} {r.stdout!r} {r.error}")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert errors == []
+
+
+def test_asyncio(isolated) -> None:
+    async def main() -> list[sandbox.Result]:
+        return await asyncio.gather(*(sandbox.run_async(["echo", str(i)]) for i in range(20)))
+
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
+
+
+def test_result_json_matches_schema_fields(isolated) -> None:
+    import json
+    from pathlib import Path
+
+    schema = json.loads((Path(sandbox.__file__).parent / "result.schema.json").read_text())
+    d = sandbox.run(["true"]).to_dict()
+    assert set(schema["required"]) <= set(d)
+    assert set(d) <= set(schema["properties"])
