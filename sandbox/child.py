@@ -142,6 +142,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
 
         rlimits.apply(plan.rlimits)
         mark("fds")
+        os.set_inheritable(report_fd, False)  # closed by exec; belt and braces (CVE-2024-21626)
         os.closerange(3, report_fd)
         os.closerange(report_fd + 1, 1 << 20)
         mark("identity")

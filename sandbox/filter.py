@@ -23,18 +23,21 @@ syntax, so it is searched anywhere in the raw text (it is commonly wrapped in ``
 
 Edge-case decisions
 -------------------
-* Commands longer than 1 MiB are blocked with rule ``too-long`` (argv cannot carry a single
-  argument over 128 KiB, so anything that large is not a normal command); everything below that is
-  scanned in full.  This applies only when at least one check (blocklist, extras, allowlist) is on.
-* More than ``_MAX_DEPTH`` nested ``sh -c`` payloads -> blocked with rule ``too-deep``.
+* Size: commands longer than ``MAX_COMMAND_LEN`` (1 MiB) characters, or with more than ``MAX_TOKENS``
+  (100k) shell tokens including nested ``sh -c``/``eval`` payloads, are blocked with rule ``too-long``
+  (far beyond real command lines; a single argv string cannot even exceed 128 KiB); everything
+  below that is scanned in full.  The token cap bounds the pure-Python lexer's work (well under 0.5 s);
+  the length check applies only when at least one check (blocklist, extras, allowlist) is enabled.
+* Nesting: more than ``_MAX_DEPTH`` (8) nested ``sh -c``/``eval`` payloads, or more than
+  ``_MAX_NESTING`` (64) nested ``$(``/backtick/double-quote levels -> blocked with rule ``too-deep``.
 * ``extra_block`` patterns are searched (``re.search``) in the raw command string; an invalid pattern
   raises ``ValueError``.  Their rule ids are ``custom-1``, ``custom-2``, ... in the given order.
   Their running time is the profile author's responsibility.
 * The allowlist is quote-aware: ``git commit -m 'a; b'`` is a single simple command and may match
   ``git *``; an *unquoted* ``;``, ``&``, ``|``, newline, ``(``/``)``, redirect, comment, or any
   ``$(``/backtick (also inside double quotes) makes the command non-simple -> ``rule="allowlist"``.
-* Misparses err on the side of treating more words as commands (heredoc bodies, for example, are
-  scanned like commands), never on the side of hiding them.
+* Where the lexer simplifies shell grammar it is meant to err towards treating more words as
+  commands (heredoc bodies, for example, are scanned like commands) rather than hiding them.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MAX_COMMAND_LEN", "Verdict", "check"]
+__all__ = ["MAX_COMMAND_LEN", "MAX_TOKENS", "Verdict", "check"]
 
 MAX_COMMAND_LEN = 1 << 20  # characters; longer commands are blocked with rule "too-long"
+MAX_TOKENS = 100_000  # shell tokens (a word plus its trailing blanks is one); more -> "too-long"
 _MAX_DEPTH = 8  # nested `sh -c` / `eval` payloads inspected before giving up with "too-deep"
 _SNIPPET = 120  # characters of the offending command quoted in a reason
 
@@ -62,13 +66,17 @@ class Verdict:
 _ALLOWED = Verdict(True, None, None)
 
 
-@dataclass(frozen=True)
 class _Rule:
-    id: str
-    scope: str  # "cmd": re.match on a normalised simple command; "redir": re.match on each
-    # redirection ("> /dev/sda"); "raw": re.search on the raw command text
-    regex: re.Pattern[str]
-    description: str
+    # Plain slotted classes, not dataclasses: building a dataclass costs ~1 ms at import time.
+    __slots__ = ("description", "id", "regex", "scope")
+
+    def __init__(self, id: str, scope: str, regex: re.Pattern[str], description: str) -> None:
+        self.id = id
+        # "cmd": re.match on a normalised simple command; "redir": re.match on each redirection
+        # ("> /dev/sda"); "raw": re.search on the raw command text
+        self.scope = scope
+        self.regex = regex
+        self.description = description
 
 
 # --------------------------------------------------------------------------- built-in rules
@@ -166,24 +174,21 @@ _CMD_TRIGGER = (
 )
 
 
-@dataclass(frozen=True)
 class _RuleSet:
-    raw: tuple[_Rule, ...]
-    redir: tuple[_Rule, ...]
-    cmd: tuple[_Rule, ...]
-    trigger: re.Pattern[str]
+    __slots__ = ("cmd", "raw", "redir", "trigger")
+
+    def __init__(self, rules: list[_Rule], trigger: re.Pattern[str]) -> None:
+        self.raw = tuple(r for r in rules if r.scope == "raw")
+        self.redir = tuple(r for r in rules if r.scope == "redir")
+        self.cmd = tuple(r for r in rules if r.scope == "cmd")
+        self.trigger = trigger
 
 
 @functools.cache
 def _rules() -> _RuleSet:
     # Compiled on first use so that importing this module stays cheap.
     rules = [_Rule(i, s, re.compile(p, re.DOTALL), d) for i, s, p, d in _RULE_SPECS]
-    return _RuleSet(
-        raw=tuple(r for r in rules if r.scope == "raw"),
-        redir=tuple(r for r in rules if r.scope == "redir"),
-        cmd=tuple(r for r in rules if r.scope == "cmd"),
-        trigger=re.compile(_CMD_TRIGGER),
-    )
+    return _RuleSet(rules, re.compile(_CMD_TRIGGER))
 
 
 @functools.lru_cache(maxsize=256)
@@ -237,6 +242,10 @@ class _TooDeep(Exception):
     pass
 
 
+class _TooLong(Exception):
+    pass
+
+
 class _Frame:
     __slots__ = ("depth", "kind", "parts", "pending", "redirs", "words")
 
@@ -271,10 +280,11 @@ def _end_segment(f: _Frame, segments: list[Segment]) -> None:
     f.pending = None
 
 
-def _lex(s: str) -> tuple[list[Segment], bool]:
+def _lex(s: str, budget: list[int]) -> tuple[list[Segment], bool]:
     """Split ``s`` into simple commands.  Returns (segments, simple) where ``simple`` is False if any
     operator, redirection, substitution or comment occurred outside single quotes.
-    Raises _TooDeep when substitutions/quotes nest deeper than _MAX_NESTING."""
+    ``budget[0]`` is the number of tokens that may still be read (shared with nested payloads); raises
+    _TooLong when it runs out and _TooDeep when substitutions/quotes nest deeper than _MAX_NESTING."""
     cmd_match = _lexer()[0].match
     dq_match = _lexer()[1].match
     segments: list[Segment] = []
@@ -283,6 +293,7 @@ def _lex(s: str) -> tuple[list[Segment], bool]:
     cur = stack[0]  # innermost command frame (never a _DQ frame)
     in_dq = False
     pos, n = 0, len(s)
+    left = budget[0]
 
     def push(kind: int) -> _Frame:
         if len(stack) >= _MAX_NESTING:
@@ -298,6 +309,9 @@ def _lex(s: str) -> tuple[list[Segment], bool]:
         return stack[-1], False
 
     while pos < n:
+        left -= 1
+        if left < 0:
+            raise _TooLong
         if in_dq:
             m = dq_match(s, pos)
             assert m is not None  # the alternatives cover every character
@@ -385,6 +399,7 @@ def _lex(s: str) -> tuple[list[Segment], bool]:
     for f in stack:
         if f.kind != _DQ:
             _end_segment(f, segments)
+    budget[0] = left
     if len(segments) > 1:
         simple = False
     return segments, simple
@@ -512,19 +527,28 @@ _TOO_DEEP = Verdict(
 )
 
 
+def _too_long(what: str) -> Verdict:
+    return Verdict(False, "too-long", f"blocked by rule 'too-long': {what}; refusing to inspect it")
+
+
+_TOKENS_EXCEEDED = f"command has more than {MAX_TOKENS} shell tokens (counting nested sh -c/eval payloads)"
+
+
 def _scan(s: str, depth: int, budget: list[int]) -> tuple[Verdict | None, bool]:
     """Apply the built-in rules to ``s``; returns (first block or None, whether s is a simple command).
-    ``budget`` holds the characters that nested payloads may still add, so ``eval eval eval ...``
-    cannot make the work quadratic."""
+    ``budget`` is the token budget shared with nested payloads, so ``eval eval eval ...`` cannot make
+    the work quadratic."""
     rules = _rules()
     for r in rules.raw:
         m = r.regex.search(s)
         if m:
             return _blocked(r, m.group()), False
     try:
-        segments, simple = _lex(s)
+        segments, simple = _lex(s, budget)
     except _TooDeep:
         return _TOO_DEEP, False
+    except _TooLong:
+        return _too_long(_TOKENS_EXCEEDED), False
     for words, redirs in segments:
         for red in redirs:
             for r in rules.redir:
@@ -541,8 +565,7 @@ def _scan(s: str, depth: int, budget: list[int]) -> tuple[Verdict | None, bool]:
                     return _blocked(r, text), simple
         payload = _shell_payload(base, words[1:])
         if payload is not None:
-            budget[0] -= len(payload)
-            if depth >= _MAX_DEPTH or budget[0] < 0:
+            if depth >= _MAX_DEPTH:
                 return _TOO_DEEP, simple
             verdict, _ = _scan(payload, depth + 1, budget)
             if verdict is not None:
@@ -562,29 +585,28 @@ def check(
     if not (blocklist or extras or allow):
         return _ALLOWED
     if len(command) > MAX_COMMAND_LEN:
-        return Verdict(
-            False,
-            "too-long",
-            f"blocked by rule 'too-long': command is {len(command)} characters, "
-            f"more than the {MAX_COMMAND_LEN} the filter inspects",
-        )
+        return _too_long(f"command is {len(command)} characters, more than {MAX_COMMAND_LEN}")
 
     stripped = command.strip(" \t\r\n\f\v")
     simple: bool | None = None
     if blocklist:
-        verdict, simple = _scan(stripped, 0, [MAX_COMMAND_LEN])
+        verdict, simple = _scan(stripped, 0, [MAX_TOKENS])
         if verdict is not None:
             return verdict
     for i, rx in enumerate(extras, 1):
-        if rx.search(command):
+        m = rx.search(command)
+        if m:
             rid = f"custom-{i}"
-            return Verdict(False, rid, f"blocked by rule '{rid}': matched pattern {rx.pattern!r}")
+            hit = m.group() if len(m.group()) <= _SNIPPET else m.group()[: _SNIPPET - 3] + "..."
+            return Verdict(False, rid, f"blocked by rule '{rid}': matched block pattern '{rx.pattern}' (at {hit!r})")
     if allow:
         if simple is None:
             try:
-                simple = _lex(stripped)[1]
+                simple = _lex(stripped, [MAX_TOKENS])[1]
             except _TooDeep:
                 simple = False
+            except _TooLong:
+                return _too_long(_TOKENS_EXCEEDED)
         if not simple:
             return Verdict(
                 False,

@@ -203,6 +203,8 @@ def serve(fd: int) -> None:
             msg, fds = _recv_msg(sock, 16)
         except (EOFError, ConnectionError, OSError):
             break
+        for f in fds:  # SCM_RIGHTS fds arrive inheritable; none may reach the command
+            os.set_inheritable(f, False)
         plan = msg
         try:
             assert isinstance(plan, RunPlan)

@@ -49,6 +49,8 @@ class Capture:
                 chunk = os.read(fd, max(CHUNK, min(room, 1 << 20)))
             except BlockingIOError:
                 return True
+            except OSError:  # EIO: a terminal's slave side is closed
+                return False
             if not chunk:
                 return False
             self.feed(chunk)

@@ -76,7 +76,9 @@ class Request:
     on_stdout: Callable[[bytes], None] | None = None
     on_stderr: Callable[[bytes], None] | None = None
     trace: bool = False
-    pty_fd: int | None = None  # background sessions: the terminal's slave side
+    pty_fd: int | None = None  # the terminal's slave side: the command's stdin/stdout/stderr
+    pty_master: int | None = None  # read instead of the stdout pipe when pty_fd is set
+    on_started: Callable[[int], None] | None = None  # called with the init's host pid once running
 
 
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
@@ -306,7 +308,6 @@ def execute(req: Request) -> Result:
         stdin_w = -1
         if req.pty_fd is not None:
             in_r = out_w_ = err_w_ = req.pty_fd
-            out_w_, err_w_ = req.pty_fd, req.pty_fd
         else:
             out_w_, err_w_ = out_w, err_w
             if req.stdin_fd is not None:
@@ -327,6 +328,12 @@ def execute(req: Request) -> Result:
         for fd in (out_w, err_w, rep_w, *cg_fds, *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
             os.close(fd)
             opened.remove(fd)
+        if req.on_started is not None:
+            req.on_started(launched.pid)
+        if req.pty_master is not None:
+            os.close(out_r)  # the terminal carries both streams
+            opened.remove(out_r)
+            out_r = req.pty_master
         res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
         res.isolation = _isolation(prof, plan, cg, host_uid)
         if res.isolation.cgroup == "none" and cg_error:

@@ -31,6 +31,8 @@ def parse_size(value: object) -> int | None:
         raise ValueError(f"expected a size such as 512MiB, got {type(value).__name__}")
     if value.strip().lower() in UNLIMITED:
         return None
+    if value.strip().startswith("-"):
+        raise ValueError("a size cannot be negative")
     m = _NUM.match(value)
     if not m:
         raise ValueError("expected a size such as 512MiB, 1GiB or 4096")
@@ -54,6 +56,8 @@ def parse_duration(value: object) -> float | None:
         raise ValueError(f"expected a duration such as 30s, got {type(value).__name__}")
     if value.strip().lower() in UNLIMITED:
         return None
+    if value.strip().startswith("-"):
+        raise ValueError("a duration cannot be negative")
     m = _NUM.match(value)
     if not m:
         raise ValueError("expected a duration such as 30s, 500ms or 2m")

@@ -31,6 +31,9 @@ _lock = threading.Lock()
 class CgroupUnavailable(OSError):
     """No cgroup can be made here; says why (errno + likely cause)."""
 
+    def __str__(self) -> str:  # the reason alone: it ends up in Result.error after "cgroup: "
+        return str(self.strerror)
+
 
 @dataclass
 class CgroupLimits:
@@ -51,6 +54,14 @@ class CgroupStats:
 def _read(path: str) -> str:
     with open(path) as f:
         return f.read()
+
+
+def _read_opt(path: str) -> str:
+    """The file's text, or "" when it does not exist (an interface file of a missing controller)."""
+    try:
+        return _read(path)
+    except FileNotFoundError:
+        return ""
 
 
 def _write(path: str, value: str) -> None:
@@ -123,17 +134,17 @@ class RunCgroup:
         try:
             if self.version == "v2":
                 d = self.dirs[0]
-                for name in ("memory.peak",):
-                    p = os.path.join(d, name)
-                    if os.path.exists(p):
-                        s.peak_memory = int(_read(p).split()[0])
-                s.oom_kills = _kv(_read(os.path.join(d, "memory.events"))).get("oom_kill", 0)
-                pe = os.path.join(d, "pids.events")
-                if os.path.exists(pe):
-                    s.pids_max_hit = _kv(_read(pe)).get("max", 0) > 0
-                cpu = _kv(_read(os.path.join(d, "cpu.stat")))
-                s.cpu_user_s = cpu.get("user_usec", 0) / 1e6
-                s.cpu_sys_s = cpu.get("system_usec", 0) / 1e6
+                # Each file on its own: memory.peak is 5.19+, and a controller that is not
+                # enabled has no files; what is there is still reported.
+                text = _read_opt(os.path.join(d, "memory.peak"))
+                if text:
+                    s.peak_memory = int(text.split()[0])
+                s.oom_kills = _kv(_read_opt(os.path.join(d, "memory.events"))).get("oom_kill", 0)
+                s.pids_max_hit = _kv(_read_opt(os.path.join(d, "pids.events"))).get("max", 0) > 0
+                cpu = _kv(_read_opt(os.path.join(d, "cpu.stat")))
+                if "user_usec" in cpu:
+                    s.cpu_user_s = cpu["user_usec"] / 1e6
+                    s.cpu_sys_s = cpu.get("system_usec", 0) / 1e6
             else:
                 p = self._file("memory.max_usage_in_bytes")
                 if p:
@@ -162,10 +173,12 @@ class RunCgroup:
                     return
                 except OSError:
                     pass
-        freezer = self._file("freezer.state")
+        # Frozen, nothing can fork between reading the pid list and the kills.
+        freezer = self._file("freezer.state") or self._file("cgroup.freeze")
+        frozen, thawed = ("1", "0") if freezer and freezer.endswith("cgroup.freeze") else ("FROZEN", "THAWED")
         if freezer:
             try:
-                _write(freezer, "FROZEN")
+                _write(freezer, frozen)
             except OSError:
                 freezer = None
         for _ in range(100):
@@ -179,7 +192,7 @@ class RunCgroup:
                     pass
             if freezer:
                 try:
-                    _write(freezer, "THAWED")  # a frozen task cannot die
+                    _write(freezer, thawed)  # a frozen task cannot die
                 except OSError:
                     pass
             time.sleep(0.001)
@@ -267,6 +280,18 @@ class V1Backend(Backend):
         return n
 
 
+def _set_limit(cg_dir: str, name: str, value: str) -> None:
+    """Write one v2 limit; a missing file means its controller is not enabled for us."""
+    path = os.path.join(cg_dir, name)
+    try:
+        _write(path, value)
+    except FileNotFoundError:
+        controller = name.split(".")[0]
+        parent = os.path.dirname(cg_dir)
+        raise OSError(errno.ENOTSUP, f"cgroup v2 controller '{controller}' is not enabled in {parent} "
+                      f"(no {name}); enable/delegate it, or make that limit unlimited in the profile") from None
+
+
 class V2Backend(Backend):
     version = "v2"
 
@@ -279,17 +304,17 @@ class V2Backend(Backend):
         cg = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")])
         try:
             if limits.memory is not None:
-                _write(os.path.join(d, "memory.max"), str(limits.memory))
+                _set_limit(d, "memory.max", str(limits.memory))
                 sw = os.path.join(d, "memory.swap.max")
-                if os.path.exists(sw):
+                if os.path.exists(sw):  # absent without swap accounting: then there is no swap to limit
                     _write(sw, "0")
             if limits.processes is not None:
-                _write(os.path.join(d, "pids.max"), str(limits.processes))
+                _set_limit(d, "pids.max", str(limits.processes))
             if limits.cpus:
-                _write(os.path.join(d, "cpu.max"), f"{int(limits.cpus * 100_000)} 100000")
+                _set_limit(d, "cpu.max", f"{int(limits.cpus * 100_000)} 100000")
             return cg
         except OSError:
-            os.rmdir(d)
+            _rmdir_retry(d)
             raise
 
     def sweep_stale(self) -> int:
@@ -330,27 +355,29 @@ def _own_v2_cgroup() -> str:
 
 
 def _enable_controllers(cg_dir: str) -> None:
-    """Enable memory/pids/cpu for children of cg_dir, moving our own processes into a
-    leaf first if the "no internal processes" rule requires it (as nsjail does)."""
+    """Enable memory/pids/cpu for children of cg_dir, moving the processes in cg_dir into a
+    leaf when the "no internal processes" rule refuses it (EBUSY), as nsjail does. The
+    move is repeated a few times: a process may fork between reading the list and the write."""
     available = _read(os.path.join(cg_dir, "cgroup.controllers")).split()
     enabled = _read(os.path.join(cg_dir, "cgroup.subtree_control")).split()
-    want = [c for c in V2_CONTROLLERS if c in available and c not in enabled]
+    want = " ".join(f"+{c}" for c in V2_CONTROLLERS if c in available and c not in enabled)
     if not want:
         return
     control = os.path.join(cg_dir, "cgroup.subtree_control")
-    try:
-        _write(control, " ".join(f"+{c}" for c in want))
-    except OSError as e:
-        if e.errno != errno.EBUSY:
-            raise
-        leaf = os.path.join(cg_dir, f"{PREFIX}supervisor")
+    leaf = os.path.join(cg_dir, f"{PREFIX}supervisor")
+    for attempt in range(6):
+        try:
+            _write(control, want)
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or attempt == 5:
+                raise
         os.makedirs(leaf, exist_ok=True)
         for pid in _read(os.path.join(cg_dir, "cgroup.procs")).split():
             try:
                 _write(os.path.join(leaf, "cgroup.procs"), pid)
             except OSError:
-                pass
-        _write(control, " ".join(f"+{c}" for c in want))
+                pass  # exited meanwhile, or not ours to move: the next write says EBUSY again
 
 
 _backend: Backend | None = None
@@ -412,7 +439,7 @@ def _detect() -> Backend:
             raise CgroupUnavailable(
                 e.errno or errno.EACCES,
                 f"cannot enable cgroup v2 controllers in {base}: {os.strerror(e.errno or 13)}"
-                + ("" if uid == 0 else " (not delegated to this user: systemd-run --user -p Delegate=yes)"))
+                + ("" if uid == 0 else " (not delegated to this user: systemd-run --user -p Delegate=yes)")) from None
         available = _read(os.path.join(base, "cgroup.subtree_control")).split()
         if "memory" not in available or "pids" not in available:
             raise CgroupUnavailable(errno.ENOTSUP, f"cgroup v2 at {base} lacks the memory/pids controllers "

@@ -70,13 +70,13 @@ def _mkpoint(path: str, is_dir: bool) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
 
 
-def _bind_fd(fd: int, target: str, *, writable: bool) -> None:
+def _bind_fd(fd: int, target: str, *, writable: bool, device: bool = False) -> None:
     src = f"/proc/self/fd/{fd}"
     mount(src, target, None, MS_BIND)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
     keep = os.fstatvfs(fd).f_flag
     for st_bit, ms_bit in _LOCKED_FLAGS:
-        if keep & st_bit and not (writable and ms_bit == MS_RDONLY):
+        if keep & st_bit and not (writable and ms_bit == MS_RDONLY) and not (device and ms_bit == MS_NODEV):
             flags |= ms_bit
     mount(None, target, None, flags)
 
@@ -146,7 +146,7 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
     for name, fd in dev_fds.items():
         _mkpoint(f"{dev}/{name}", False)
-        _bind_fd(fd, f"{dev}/{name}", writable=True)
+        _bind_fd(fd, f"{dev}/{name}", writable=True, device=True)
         os.close(fd)
     for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                      ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):

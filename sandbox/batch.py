@@ -1,0 +1,330 @@
+"""Many sandboxed runs at once: `run_many` (library) and `sandboxrun batch FILE.jsonl`.
+
+A worker pool of threads calls `sandbox.run`, which is thread-safe (children come
+from a single-threaded fork server), so the parallelism is the sandboxes' own
+processes, not Python's. Requests are streamed: at most a small window of them is
+in flight or waiting to be yielded, so a file of a million lines never sits in
+memory. In ordered mode the window runs ahead of a slow request and results come
+out in input order; `ordered=False` yields each as it finishes.
+
+A request that cannot be run (malformed JSON, unknown key, invalid value) becomes
+a `BatchError` in its place and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, fields
+from typing import IO, Any
+
+from .errors import InputError, SandboxError
+from .profile import Profile, load
+from .result import Result
+
+# What a request may carry besides the command: sandbox.run's own arguments and its
+# single-setting overrides. Callback and fd arguments (on_stdout, stdin_fd) are left
+# out on purpose: a JSONL line must not name a file descriptor of this process.
+RUN_KEYS = ("command", "shell", "stdin", "timeout", "env", "cwd", "profile", "id")
+OVERRIDE_KEYS = ("memory", "output", "cpu_time", "kill_grace", "address_space", "processes", "file_size",
+                 "open_files", "cpus", "tmp_size", "ro_bind", "bind", "network", "hostname", "trace")
+REQUEST_KEYS = frozenset(RUN_KEYS + OVERRIDE_KEYS)
+
+WINDOW_PER_WORKER = 4  # ordered mode: results held while an earlier request is still running
+
+
+@dataclass
+class BatchRequest:
+    """One request; a dict with the same keys works as well."""
+
+    command: str | list[str]
+    shell: bool = False
+    stdin: str | bytes | None = None
+    timeout: float | str | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    profile: str | Profile | None = None  # None: run_many's profile
+    id: Any = None  # None: the request's 1-based position (its line number in a file)
+    overrides: dict[str, Any] = field(default_factory=dict)  # memory, output, network, ...
+
+
+@dataclass
+class BatchResult(Result):
+    """A Result that also carries the request's id."""
+
+    id: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        return {"id": d.pop("id"), **d}
+
+
+@dataclass
+class BatchError:
+    """A request that could not be run; it takes the request's place in the output."""
+
+    line: int  # 1-based position in the input (the line number of a JSONL file)
+    error: str
+    id: Any = None
+    status: str = "invalid_request"
+    success: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "line": self.line, "status": self.status, "success": False, "error": self.error}
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+
+BatchItem = BatchResult | BatchError
+
+
+class _Invalid:
+    """Placeholder for an input line that is already known to be bad."""
+
+    def __init__(self, error: str, id: Any = None) -> None:
+        self.error, self.id = error, id
+
+
+def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
+    """(id, sandbox.run keyword arguments including `command`) for one request."""
+    if isinstance(req, BatchRequest):
+        d: dict[str, Any] = {f.name: getattr(req, f.name) for f in fields(req) if f.name != "overrides"}
+        d = {k: v for k, v in d.items() if v is not None and not (k == "shell" and v is False)}
+        d.update(req.overrides)
+    elif isinstance(req, dict):
+        d = dict(req)
+    else:
+        raise InputError(f"expected a JSON object or BatchRequest, got {type(req).__name__}")
+    rid = d.pop("id", None)
+    unknown = sorted(str(k) for k in d if k not in REQUEST_KEYS)
+    if unknown:
+        raise InputError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(known: {', '.join(sorted(REQUEST_KEYS))})")
+    if "command" not in d:
+        raise InputError("missing key 'command'")
+    if not isinstance(d.get("shell", False), bool):
+        raise InputError(f"shell: expected true or false, got {d['shell']!r}")
+    return rid, d
+
+
+def _run_one(pos: int, req: Any, profile: Profile) -> BatchItem:
+    from .supervisor import run
+
+    if isinstance(req, _Invalid):
+        return BatchError(pos, req.error, pos if req.id is None else req.id)
+    rid: Any = None
+    try:
+        rid, kw = _as_kwargs(req)
+        if kw.get("profile") is None:
+            kw["profile"] = profile
+        res = run(kw.pop("command"), **kw)
+    except SandboxError as e:
+        return BatchError(pos, str(e), pos if rid is None else rid)
+    except Exception as e:  # noqa: BLE001 - one broken request must not end the batch
+        return BatchError(pos, f"internal error: {type(e).__name__}: {e}", pos if rid is None else rid)
+    out = BatchResult.__new__(BatchResult)
+    out.__dict__.update(res.__dict__)  # same fields; no copy of the captured output
+    out.id = pos if rid is None else rid
+    return out
+
+
+def _positive(concurrency: Any) -> int:
+    if concurrency is None:
+        return os.cpu_count() or 1
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InputError(f"concurrency: expected a positive integer, got {concurrency!r}")
+    return concurrency
+
+
+def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered: bool = True,
+             profile: str | Profile = "strict") -> Iterator[BatchItem]:
+    """Run each request (dict or BatchRequest) in its own sandbox, `concurrency` at a time
+    (default: the number of CPUs), and yield a BatchResult (a Result with `.id`) or a
+    BatchError per request: in input order, or as they finish with `ordered=False`.
+
+    `requests` may be any iterable, including a generator: it is consumed lazily.
+    Closing the iterator early cancels what has not started and waits for what has.
+    """
+    workers = _positive(concurrency)
+    prof = profile if isinstance(profile, Profile) else load(profile)  # a bad profile fails now, not per line
+    return _stream(enumerate(requests, 1), workers, ordered, prof)
+
+
+def _stream(items: Iterator[tuple[int, Any]], workers: int, ordered: bool, prof: Profile) -> Iterator[BatchItem]:
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
+    try:
+        if ordered:
+            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof)
+        else:
+            yield from _unordered(pool, items, workers * 2, prof)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
+             prof: Profile) -> Iterator[BatchItem]:
+    pending: collections.deque[Future[BatchItem]] = collections.deque()
+    more = True
+    while True:
+        while more and len(pending) < window:
+            nxt = next(items, None)
+            if nxt is None:
+                more = False
+            else:
+                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof))
+        if not pending:
+            return
+        yield pending.popleft().result()
+
+
+def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
+               prof: Profile) -> Iterator[BatchItem]:
+    running: set[Future[BatchItem]] = set()
+    more = True
+    while True:
+        while more and len(running) < window:
+            nxt = next(items, None)
+            if nxt is None:
+                more = False
+            else:
+                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof))
+        if not running:
+            return
+        done, running = wait(running, return_when=FIRST_COMPLETED)
+        running = set(running)
+        for fut in done:
+            yield fut.result()
+
+
+# ---------------------------------------------------------------------------- JSONL
+
+
+def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """(line number, request or _Invalid) per non-blank line, read lazily."""
+    for n, raw in enumerate(stream, 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except UnicodeDecodeError as e:
+            yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
+            continue
+        except json.JSONDecodeError as e:
+            yield n, _Invalid(f"invalid JSON: {e.msg} at column {e.colno}")
+            continue
+        if not isinstance(obj, dict):
+            yield n, _Invalid(f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield n, obj
+
+
+def count_requests(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for raw in f if raw.strip())
+
+
+class Progress:
+    """One `\\r` status line on a terminal: done/total, rate, ETA, failures. Silent otherwise."""
+
+    def __init__(self, stream: IO[str], total: int | None, every: float = 0.1) -> None:
+        self.stream, self.total, self.every = stream, total, every
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self.done = self.failures = 0
+        self.start = self.last = time.monotonic()
+        self.width = 0
+
+    def update(self, item: BatchItem) -> None:
+        self.done += 1
+        if not item.success:
+            self.failures += 1
+        now = time.monotonic()
+        if self.enabled and now - self.last >= self.every:
+            self.last = now
+            self._draw(now)
+
+    def line(self, now: float) -> str:
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.done / elapsed
+        count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
+        text = f"{count}  {rate:.1f}/s"
+        if self.total is not None:
+            left = max(self.total - self.done, 0)
+            text += f"  ETA {_clock(left / rate) if rate > 0 else '?'}"
+        return text + f"  failures {self.failures}"
+
+    def _draw(self, now: float) -> None:
+        text = self.line(now)
+        pad = " " * max(0, self.width - len(text))
+        self.width = len(text)
+        try:
+            self.stream.write("\r" + text + pad)
+            self.stream.flush()
+        except OSError:
+            self.enabled = False
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.monotonic())
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except OSError:
+                pass
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def main(argv: list[str]) -> int:
+    """`sandboxrun batch FILE.jsonl|-`: exit 0 when every line ran (whatever the commands
+    did: see each line's status), 1 when some line could not be run, 2 on bad usage."""
+    from .cli import _Parser
+
+    p = _Parser(prog="sandboxrun batch", description="Run one sandboxed request per JSONL line; "
+                "print one Result per line (with \"id\"), in input order unless --unordered.")
+    p.add_argument("file", help="JSONL file, one request per line, or - for stdin")
+    p.add_argument("--unordered", action="store_true", help="print each result as soon as it is done")
+    p.add_argument("--concurrency", "-j", type=int, help=f"runs at once (default: CPUs, {os.cpu_count()})")
+    p.add_argument("--profile", "-p", default="strict", help="profile for lines that name none (default: strict)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
+    ns = p.parse_args(argv)
+    workers = _positive(ns.concurrency)
+    prof = load(ns.profile)
+    total: int | None = None
+    if ns.file == "-":
+        src: IO[bytes] = sys.stdin.buffer
+    else:
+        try:
+            total = count_requests(ns.file)
+            src = open(ns.file, "rb")  # closed in the finally below
+        except OSError as e:
+            raise InputError(f"{ns.file}: {e.strerror}") from None
+    progress = Progress(sys.stderr, total)
+    bad = 0
+    out = sys.stdout
+    results = _stream(read_jsonl(src), workers, not ns.unordered, prof)
+    try:
+        for item in results:
+            bad += isinstance(item, BatchError)
+            out.write(item.to_json() + "\n")
+            out.flush()  # a consumer downstream sees each result as it comes
+            progress.update(item)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+        return 1
+    finally:
+        results.close()  # cancels what has not started, waits for what has
+        progress.close()
+        if src is not sys.stdin.buffer:
+            src.close()
+    return 1 if bad else 0

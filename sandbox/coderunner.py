@@ -1,0 +1,350 @@
+"""Run a Python script, one function of it, or one statement, inside the sandbox.
+
+    >>> r = run_python("calc.py", [2, 3], function="add")
+    >>> r.return_value
+    5
+
+The script's bytes are read once, scanned (optional), and copied into a private
+`sandboxrun-py-*` temp dir that is bound read-only at /sandbox/script/NAME. So what
+runs is exactly what was scanned, a 0600 script is still readable by the sandbox's
+uid, and nothing is ever written into the caller's directory (symlink planting:
+Judge0 CVE-2024-28185). A function or statement is run by a small driver
+(`python3 -c DRIVER`) that imports the script by path and prints the JSON-encoded
+return value on a last line tagged with a random token, so it separates cleanly
+from whatever the function printed itself.
+
+The content scan (`[filter] scan` regexes in the profile, empty in `strict`
+because the sandbox is the boundary) is a first-line filter: a match returns a
+Result with status "blocked" and nothing runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError, ProfileError
+from .profile import Profile
+from .result import Result
+
+SCRIPT_DIR = "/sandbox/script"  # where the script appears inside
+MAX_SCRIPT_BYTES = 16 * 2**20
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,200}")
+
+# Runs inside the sandbox with the system python3; data arrives in argv, never in the source.
+DRIVER = r"""
+import asyncio, importlib.util, inspect, json, os, sys
+tok, mode, path, what, raw = sys.argv[1:6]
+extra = json.loads(raw)
+sys.argv = [path] + ([str(a) for a in extra] if mode == "statement" else [])
+sys.path.insert(0, os.path.dirname(path))
+spec = importlib.util.spec_from_file_location("__sandboxrun_script__", path)
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+if mode == "function":
+    fn = mod
+    for part in what.split("."):
+        if not hasattr(fn, part):
+            sys.exit(f"sandboxrun: {os.path.basename(path)} has no function {what!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        sys.exit(f"sandboxrun: {what!r} in {os.path.basename(path)} is not callable")
+    value = fn(*extra)
+else:
+    try:
+        code = compile(what, "<statement>", "eval")
+    except SyntaxError:
+        code = compile(what, "<statement>", "exec")
+    value = eval(code, vars(mod))
+if inspect.iscoroutine(value):
+    value = asyncio.run(value)
+out = {"type": type(value).__name__}
+try:
+    text = json.dumps(dict(out, json=True, value=value), allow_nan=False)
+except (TypeError, ValueError, RecursionError):
+    text = json.dumps(dict(out, json=False, repr=repr(value)[:65536]))
+for s in (sys.stdout, sys.stderr):
+    try:
+        s.flush()
+    except Exception:
+        pass
+sys.__stdout__.buffer.write(("\n" + tok + text + "\n").encode())
+sys.__stdout__.buffer.flush()
+"""
+
+
+@dataclass
+class PythonResult(Result):
+    """A Result plus what a function or statement returned."""
+
+    returned: bool = False  # the function/statement finished and its value came back
+    return_value: Any = None  # the value, JSON-decoded (None when it was not JSON-encodable)
+    return_type: str | None = None  # its Python type name
+    return_repr: str | None = None  # repr() when the value is not JSON-encodable
+
+
+def _load_profile(profile: str | Profile) -> Profile:
+    from .profile import load
+
+    return profile if isinstance(profile, Profile) else load(profile)
+
+
+def scan(text: str, prof: Profile) -> str | None:
+    """The first `[filter] scan` pattern that matches `text`, as a reason; None when none does."""
+    for i, pattern in enumerate(prof.scan):
+        try:
+            rx = re.compile(pattern, re.MULTILINE)
+        except re.error as e:
+            raise ProfileError(f"invalid regex: {e}", source=prof.source, key=f"filter.scan[{i}]",
+                               value=pattern) from None
+        m = rx.search(text)
+        if m:
+            line = text.count("\n", 0, m.start()) + 1
+            return f"script matches content-scan pattern {pattern!r} (line {line})"
+    return None
+
+
+def _blocked(argv: list[str], prof: Profile, reason: str, started: float) -> PythonResult:
+    return PythonResult(command=argv, status="blocked", blocked=True, block_reason=reason, error=reason,
+                        profile=prof.name, duration_ms=round((time.monotonic() - started) * 1000, 3))
+
+
+def _read_script(script: str | os.PathLike[str]) -> tuple[str, bytes]:
+    if not isinstance(script, (str, os.PathLike)):
+        raise InputError(f"script: expected a path, got {type(script).__name__}")
+    path = os.fspath(script)
+    if not path or "\0" in path:
+        raise InputError("script: empty path or NUL byte")
+    try:
+        with open(path, "rb") as f:
+            if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
+                raise InputError(f"script: not a regular file: {path}")
+            data = f.read(MAX_SCRIPT_BYTES + 1)
+    except IsADirectoryError:
+        raise InputError(f"script: is a directory: {path}") from None
+    except FileNotFoundError:
+        raise InputError(f"script: no such file: {path}") from None
+    except OSError as e:
+        raise InputError(f"script: cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise InputError(f"script: {path} is larger than {MAX_SCRIPT_BYTES} bytes")
+    name = os.path.basename(os.path.normpath(path))
+    return (name if _SAFE_NAME.fullmatch(name) else "script.py"), data
+
+
+def _check_target(function: str | None, statement: str | None) -> None:
+    if function is not None and statement is not None:
+        raise InputError("give either function or statement, not both")
+    if function is not None:
+        if not isinstance(function, str) or not all(p.isidentifier() for p in function.split(".")):
+            raise InputError(f"function: expected a Python name such as main or Class.method, got {function!r}")
+    if statement is not None:
+        if not isinstance(statement, str) or not statement.strip():
+            raise InputError("statement: expected a non-empty string")
+        try:
+            compile(statement, "<statement>", "exec")
+        except SyntaxError as e:
+            raise InputError(f"statement: invalid Python: {e.msg} (line {e.lineno})") from None
+        except ValueError as e:  # NUL bytes
+            raise InputError(f"statement: {e}") from None
+
+
+def _argv(target: str, args: Sequence[Any], function: str | None, statement: str | None, token: str) -> list[str]:
+    if isinstance(args, (str, bytes)):
+        raise InputError("args: expected a list of arguments, not a single string")
+    args = list(args)
+    if function is None and statement is None:
+        for i, a in enumerate(args):
+            if not isinstance(a, str):
+                raise InputError(f"args[{i}]: a script's arguments must be strings, got {type(a).__name__}")
+        return ["python3", target, *args]
+    try:
+        raw = json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"args: must be JSON-encodable to reach the function: {e}") from None
+    if function is not None:
+        return ["python3", "-c", DRIVER, token, "function", target, function, raw]
+    return ["python3", "-c", DRIVER, token, "statement", target, statement or "", raw]
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """The driver's argv as reported in Result.command: its source and token elided."""
+    if argv[1:2] != ["-c"]:
+        return argv
+    return [argv[0], "-c", "<sandboxrun driver>", *argv[4:]]
+
+
+def _take_return(res: PythonResult, token: str) -> None:
+    """Find the driver's tagged last line, remove it from stdout, decode the value."""
+    tag = b"\n" + token.encode()
+    raw = res.stdout_raw
+    at = raw.rfind(tag)
+    if at < 0:
+        return
+    end = raw.find(b"\n", at + len(tag))
+    line = raw[at + len(tag): end if end >= 0 else len(raw)]
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return
+    res.stdout_raw = raw[:at] + (raw[end + 1:] if end >= 0 else b"")
+    res.stdout = res.stdout_raw.decode(errors="replace")
+    res.returned, res.return_type = True, d.get("type")
+    if d.get("json"):
+        res.return_value = d.get("value")
+    else:
+        res.return_repr = d.get("repr")
+
+
+def run_python(
+    script: str | os.PathLike[str],
+    args: Sequence[Any] = (),
+    *,
+    function: str | None = None,
+    statement: str | None = None,
+    profile: str | Profile = "strict",
+    **kw: Any,
+) -> PythonResult:
+    """Run a Python script in the sandbox (read-only at /sandbox/script/NAME).
+
+    With `function`, import the script and call that function with `args` (any
+    JSON values); with `statement`, run that statement or expression in the
+    script's namespace (`args` become sys.argv[1:]). The return value comes back
+    in `return_value` (JSON-decoded) or `return_repr`. Other keyword arguments go
+    to sandbox.run (timeout, cwd, env, stdin, memory, output, network, ro_bind...).
+    """
+    from .supervisor import run
+
+    started = time.monotonic()
+    _check_target(function, statement)
+    prof = _load_profile(profile)
+    name, data = _read_script(script)
+    target = f"{SCRIPT_DIR}/{name}"
+    token = "sbxret" + secrets.token_hex(8)
+    argv = _argv(target, args, function, statement, token)
+    if prof.scan:
+        reason = scan(data.decode(errors="replace") + ("\n" + statement if statement else ""), prof)
+        if reason:
+            return _blocked(_shown(argv), prof, reason, started)
+    tmp = tempfile.mkdtemp(prefix="sandboxrun-py-")
+    try:
+        os.chmod(tmp, 0o755)
+        copy = os.path.join(tmp, "script.py")
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        binds = kw.pop("ro_bind", None) or []
+        binds = [binds] if isinstance(binds, str) else list(binds)
+        res = run(argv, profile=prof, ro_bind=[*binds, f"{copy}:{target}"], **kw)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = PythonResult(**{k: getattr(res, k) for k in Result.__dataclass_fields__})
+    if function is not None or statement is not None:
+        _take_return(out, token)
+        out.command = _shown(argv)
+    return out
+
+
+def run_code(source: str, args: Sequence[str] = (), *, profile: str | Profile = "strict", **kw: Any) -> PythonResult:
+    """Run Python source text (`python3 -c SOURCE ARGS...`), after the same content scan."""
+    from .supervisor import run
+
+    started = time.monotonic()
+    if not isinstance(source, str) or not source.strip():
+        raise InputError("code: expected non-empty Python source")
+    if "\0" in source:
+        raise InputError("code: contains a NUL byte")
+    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+        raise InputError("args: expected a list of strings")
+    prof = _load_profile(profile)
+    argv = ["python3", "-c", source, *args]
+    reason = scan(source, prof) if prof.scan else None
+    if reason:
+        return _blocked(argv, prof, reason, started)
+    res = run(argv, profile=prof, **kw)
+    return PythonResult(**{k: getattr(res, k) for k in Result.__dataclass_fields__})
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _cli_value(text: str) -> Any:
+    """A CLI argument for a function: JSON when it parses (1, true, [1,2], "s"), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _print_value(res: PythonResult) -> None:
+    if not res.returned or (res.return_type == "NoneType"):
+        return  # as the REPL: None prints nothing
+    text = json.dumps(res.return_value) if res.return_repr is None else res.return_repr
+    sys.stdout.write(text + "\n")
+
+
+def main(argv: list[str]) -> int:
+    from .cli import _Parser, add_run_options, exit_code_for, explain, run_kwargs
+
+    p = _Parser(prog="sandboxrun python",
+                usage="sandboxrun python [OPTIONS] SCRIPT [ARGS...] [--function NAME | --statement EXPR] "
+                      "[-- ARGS...]",
+                description="Run a Python script, one function of it, or one statement, in the sandbox. "
+                            "With --function, each ARG is passed as JSON when it parses (1, true, [1,2]), "
+                            "else as a string; the return value is printed as JSON on the last line.")
+    add_run_options(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--function", "-f", metavar="NAME", help="import SCRIPT and call NAME(*ARGS)")
+    g.add_argument("--statement", "-s", metavar="EXPR", help="run EXPR in SCRIPT's namespace, print its value")
+    p.add_argument("script", metavar="SCRIPT", help="the Python file (made visible read-only)")
+    p.add_argument("args", nargs="*", metavar="ARGS", help="arguments (after -- when they start with '-')")
+    head, sep, tail = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, False, [])
+    ns = p.parse_intermixed_args(head)
+    if ns.shell:
+        p.error("--shell does not apply to python")
+    args: list[Any] = [*ns.args, *tail] if sep else list(ns.args)
+    if ns.function is not None:
+        args = [_cli_value(a) for a in args]
+    kw = run_kwargs(ns)
+    if ns.stdin_file:
+        try:
+            kw["stdin_fd"] = os.open(ns.stdin_file, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise InputError(f"--stdin-file {ns.stdin_file}: {e.strerror}") from None
+    from . import supervisor
+
+    supervisor.use_direct_forker()  # the CLI is single-threaded: fork from here
+    plain = ns.function is None and ns.statement is None
+    if plain and not ns.json:
+        from .cli import _write_through
+
+        kw["on_stdout"] = _write_through(sys.stdout.buffer)
+        kw["on_stderr"] = _write_through(sys.stderr.buffer)
+    res = run_python(ns.script, args, function=ns.function, statement=ns.statement, **kw)
+    if ns.json:
+        print(res.to_json(indent=2))
+        return exit_code_for(res)
+    if not plain:
+        sys.stdout.buffer.write(res.stdout_raw)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(res.stderr_raw)
+        sys.stderr.flush()
+        _print_value(res)
+    line = explain(res)
+    if line:
+        sys.stderr.write(line + "\n")
+    return exit_code_for(res)
+
+
+__all__ = ["PythonResult", "run_python", "run_code", "scan", "main"]

@@ -1,0 +1,453 @@
+"""LLM tool-call JSON payloads (`run_command`, `run_code_script`) run in the sandbox.
+
+    $ echo '{"action": "run_command", "properties": [{"name": "command", "value": "ls"}]}' \\
+        | sandboxrun payload
+
+Values arrive as strings, as the tool prompts that emit these payloads define them
+(`env` is a JSON object inside a string). Defaults from those prompts: timeout
+30 s (at most 120 s), output capped at 1 MB per stream, cwd `./` (the caller's
+current directory, bound read-write at the profile's workdir). Every problem is
+reported as `{"error": {"field": ..., "message": ...}}` naming the offending field,
+and nothing runs. The reply to a valid payload is the Result plus `returncode`
+(the name those prompts' executors read; the same number the CLI exits with) and
+the payload's `sequential.prompt` passed through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import EXIT_USAGE, InputError, ProfileError, SandboxError
+from .profile import Profile
+
+DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 120.0
+OUTPUT_CAP = "1MB"  # 1,000,000 bytes per stream
+DEFAULT_CWD = "./"
+TOP_LEVEL = ("action", "thinking", "sequential", "properties")
+PROPERTIES = {
+    "run_command": ("command", "cwd", "timeout", "shell", "shelltype", "env", "description"),
+    "run_code_script": ("scriptPath", "fileName", "method", "args", "timeout", "shelltype", "env", "description"),
+}
+SHELLS = {"bash": "/bin/bash", "sh": "/bin/sh"}
+FOREIGN_SHELLS = {"maccmd": "macOS Terminal commands", "windowsbat": "Windows batch (cmd.exe)",
+                  "windowsps": "Windows PowerShell"}
+METHODS = ("script", "function", "statement")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# A payload's cwd is bound read-write: never the root or a system tree, whoever asks.
+_SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev",
+                 "/proc", "/sys", "/run", "/var/lib", "/var/log")
+
+
+class PayloadError(InputError):
+    """A payload problem: which field, and what is wrong with it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"field": self.field, "message": self.message}}
+
+
+@dataclass
+class PayloadRequest:
+    """A payload, validated and normalised."""
+
+    action: str
+    timeout: float = DEFAULT_TIMEOUT
+    cwd: str = ""  # absolute host path of the workdir
+    env: dict[str, str] = field(default_factory=dict)
+    shelltype: str | None = None
+    description: str | None = None
+    prompt: Any = None  # sequential.prompt, passed through
+    has_prompt: bool = False
+    # run_command
+    command: str | None = None
+    shell: bool = True
+    argv: list[str] = field(default_factory=list)
+    # run_code_script
+    script: str | None = None
+    method: str = "script"
+    function: str | None = None
+    statement: str | None = None
+    args: list[Any] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _props(raw: Any, action: str) -> dict[str, str]:
+    if not isinstance(raw, list):
+        raise PayloadError("properties", "expected a list of {\"name\": ..., \"value\": ...} objects")
+    known = PROPERTIES[action]
+    out: dict[str, str] = {}
+    for i, item in enumerate(raw):
+        where = f"properties[{i}]"
+        if not isinstance(item, dict):
+            raise PayloadError(where, "expected an object with \"name\" and \"value\"")
+        extra = set(item) - {"name", "value"}
+        if extra:
+            raise PayloadError(where, f"unknown key {sorted(extra)[0]!r} (expected \"name\" and \"value\")")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise PayloadError(f"{where}.name", "expected a string")
+        if name not in known:
+            raise PayloadError(name, f"unknown property for {action} (known: {', '.join(known)})")
+        if name in out:
+            raise PayloadError(name, "given more than once")
+        value = item.get("value")
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise PayloadError(name, f"value must be a string, got {_json_type(value)}")
+        if "\0" in value:
+            raise PayloadError(name, "value contains a NUL byte")
+        if value.strip() or name == "command":
+            out[name] = value
+    return out
+
+
+def _json_type(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {dict: "object", list: "array"}.get(type(v), type(v).__name__)
+
+
+def _timeout(text: str | None) -> float:
+    if text is None:
+        return DEFAULT_TIMEOUT
+    t = text.strip().lower().removesuffix("s")
+    try:
+        v = float(t)
+    except ValueError:
+        raise PayloadError("timeout", f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT:
+        raise PayloadError("timeout", f"{text!r} is out of range: more than 0 and at most {MAX_TIMEOUT:g} seconds")
+    return v
+
+
+def _bool(name: str, text: str | None, default: bool) -> bool:
+    if text is None:
+        return default
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise PayloadError(name, f"expected \"true\" or \"false\", got {text!r}")
+
+
+def _env(text: str | None) -> dict[str, str]:
+    if text is None:
+        return {}
+    try:
+        env = json.loads(text)
+    except ValueError as e:
+        raise PayloadError("env", f"expected a JSON object inside the string: {e}") from None
+    if not isinstance(env, dict):
+        raise PayloadError("env", f"expected a JSON object, got {_json_type(env)}")
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k:
+            raise PayloadError("env", f"invalid variable name {k!r}")
+        if not isinstance(v, str):
+            raise PayloadError(f"env.{k}", f"value must be a string, got {_json_type(v)}")
+        if "\0" in v:
+            raise PayloadError(f"env.{k}", "value contains a NUL byte")
+    return env
+
+
+def _shelltype(text: str | None) -> str | None:
+    if text is None:
+        return None
+    t = text.strip().lower()
+    if t in FOREIGN_SHELLS:
+        raise PayloadError("shelltype", f"{t} ({FOREIGN_SHELLS[t]}) is not supported on Linux; use bash")
+    if t not in SHELLS:
+        raise PayloadError("shelltype", f"unknown shell {text!r} (supported: {', '.join(SHELLS)})")
+    return t
+
+
+def _cwd(text: str | None, base: str) -> str:
+    given = text if text is not None else DEFAULT_CWD
+    path = os.path.realpath(os.path.join(base, os.path.expanduser(given)))
+    if not os.path.exists(path):
+        raise PayloadError("cwd", f"no such directory: {given}")
+    if not os.path.isdir(path):
+        raise PayloadError("cwd", f"not a directory: {given}")
+    if path == "/" or any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
+        raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
+    return path
+
+
+def _script(props: dict[str, str], base: str) -> str:
+    sp, fn = props.get("scriptPath"), props.get("fileName")
+    if sp is None:
+        raise PayloadError("scriptPath", "missing: the path of the Python script to run")
+    path = os.path.realpath(os.path.join(base, os.path.expanduser(sp)))
+    if os.path.isdir(path):
+        if fn is None:
+            raise PayloadError("fileName", f"missing: scriptPath {sp!r} is a directory, name the file in it")
+        if "/" in fn or fn in (".", ".."):
+            raise PayloadError("fileName", f"expected a file name without '/', got {fn!r}")
+        path = os.path.realpath(os.path.join(path, fn))
+    elif fn is not None and os.path.basename(path) != fn and os.path.basename(sp) != fn:
+        raise PayloadError("fileName", f"{fn!r} does not match scriptPath {sp!r}")
+    if not os.path.exists(path):
+        raise PayloadError("scriptPath", f"no such file: {sp if fn is None else os.path.join(sp, fn)}")
+    if not os.path.isfile(path):
+        raise PayloadError("scriptPath", f"not a regular file: {sp}")
+    if not path.endswith(".py"):
+        raise PayloadError("scriptPath", f"expected a Python script (*.py), got {os.path.basename(path)!r}")
+    return path
+
+
+def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
+    if method == "script":
+        try:
+            req.args = shlex.split(args) if args else []
+        except ValueError as e:
+            raise PayloadError("args", f"cannot split {args!r}: {e}") from None
+        return
+    if not args or not args.strip():
+        what = "the function name (and its arguments)" if method == "function" else "the statement to run"
+        raise PayloadError("args", f"missing: method {method!r} needs {what}")
+    if method == "statement":
+        req.statement = args
+        return
+    try:
+        parts = shlex.split(args)
+    except ValueError as e:
+        raise PayloadError("args", f"cannot split {args!r}: {e}") from None
+    name = parts[0]
+    if not all(p.isidentifier() for p in name.split(".")):
+        raise PayloadError("args", f"expected a function name first, got {name!r}")
+    req.function = name
+    req.args = [_json_or_str(a) for a in parts[1:]]
+
+
+def _json_or_str(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse(text: str | bytes, *, base: str | None = None) -> PayloadRequest:
+    """Validate a payload; raise PayloadError naming the field. Relative paths resolve against `base`
+    (default: the current directory)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError as e:
+            raise PayloadError("payload", f"not UTF-8: {e}") from None
+    if not isinstance(text, str):
+        raise PayloadError("payload", f"expected JSON text, got {type(text).__name__}")
+    if not text.strip():
+        raise PayloadError("payload", "empty input: expected a JSON object")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise PayloadError("payload", f"invalid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise PayloadError("payload", f"expected a JSON object, got {_json_type(doc)}")
+    unknown = [k for k in doc if k not in TOP_LEVEL]
+    if unknown:
+        raise PayloadError(unknown[0], f"unknown key (known: {', '.join(TOP_LEVEL)})")
+    action = doc.get("action")
+    if action is None:
+        raise PayloadError("action", f"missing (one of: {', '.join(PROPERTIES)})")
+    if action not in PROPERTIES:
+        raise PayloadError("action", f"unknown action {action!r} (one of: {', '.join(PROPERTIES)})")
+    req = PayloadRequest(action=action)
+    seq = doc.get("sequential")
+    if seq is not None:
+        if not isinstance(seq, dict):
+            raise PayloadError("sequential", f"expected an object, got {_json_type(seq)}")
+        if "prompt" in seq:
+            req.prompt, req.has_prompt = seq["prompt"], True
+    if "properties" not in doc:
+        raise PayloadError("properties", "missing: the list of {\"name\", \"value\"} properties")
+    props = _props(doc["properties"], action)
+    base = os.getcwd() if base is None else base
+    req.timeout = _timeout(props.get("timeout"))
+    req.env = _env(props.get("env"))
+    req.shelltype = _shelltype(props.get("shelltype"))
+    req.description = props.get("description")
+    if action == "run_command":
+        cmd = props.get("command")
+        if cmd is None or not cmd.strip():
+            raise PayloadError("command", "missing: the command line to run")
+        req.command = cmd
+        req.shell = _bool("shell", props.get("shell"), True)
+        req.cwd = _cwd(props.get("cwd"), base)
+        if req.shelltype is not None:
+            req.argv = [SHELLS[req.shelltype], "-c", cmd]
+        elif req.shell:
+            req.argv = ["/bin/sh", "-c", cmd]
+        else:
+            try:
+                req.argv = shlex.split(cmd)
+            except ValueError as e:
+                raise PayloadError("command", f"cannot split {cmd[:80]!r}: {e} (set shell to \"true\"?)") from None
+            if not req.argv:
+                raise PayloadError("command", "missing: the command line to run")
+    else:
+        req.script = _script(props, base)
+        method = props.get("method", "script").strip().lower()
+        if method not in METHODS:
+            raise PayloadError("method", f"unknown method {props['method']!r} (one of: {', '.join(METHODS)})")
+        req.method = method
+        _code_target(req, method, props.get("args"))
+        req.cwd = _cwd(None, base)
+    return req
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def _profile(profile: str | Profile) -> Profile:
+    from .profile import load
+
+    return profile if isinstance(profile, Profile) else load(profile)
+
+
+def _overrides(req: PayloadRequest) -> dict[str, Any]:
+    return {"timeout": req.timeout, "output": OUTPUT_CAP, "cwd": req.cwd, "env": req.env or None}
+
+
+def plan(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, Any]:
+    """What `--dry-run` prints: the normalised request and the sandbox it would get."""
+    from .profile import with_overrides
+
+    prof = _profile(profile)
+    try:
+        eff = with_overrides(prof, timeout=req.timeout, output=OUTPUT_CAP)
+    except ProfileError as e:
+        raise PayloadError("timeout", str(e).split(": ", 2)[-1]) from None
+    request = {k: v for k, v in asdict(req).items() if k not in ("prompt", "has_prompt")}
+    if req.action == "run_command":
+        for k in ("script", "method", "function", "statement", "args"):
+            request.pop(k)
+    else:
+        from .coderunner import SCRIPT_DIR
+
+        for k in ("command", "shell", "argv"):
+            request.pop(k)
+        request["script_inside"] = f"{SCRIPT_DIR}/{os.path.basename(req.script or '')}"
+    lim = eff.to_dict()["limits"]
+    workdir = req.cwd if eff.workdir == "same" else eff.workdir
+    mounts = [{"source": m.source, "target": m.target, "mode": "rw" if m.writable else "ro",
+               **({"optional": True} if m.optional else {})} for m in eff.mounts]
+    mounts.append({"source": req.cwd, "target": workdir, "mode": "rw", "workdir": True})
+    if req.script:
+        mounts.append({"source": req.script, "target": request["script_inside"], "mode": "ro",
+                       "copied": True})
+    sandbox = {
+        "profile": eff.name, "limits": lim, "mounts": mounts, "workdir": workdir, "network": eff.network,
+        "namespaces": list(eff.namespaces), "seccomp": eff.seccomp, "landlock": eff.landlock,
+        "cgroup": eff.cgroup, "filter": {"blocklist": eff.blocklist, "block": list(eff.block),
+                                         "allow": list(eff.allow), "scan": list(eff.scan)},
+    }
+    out: dict[str, Any] = {"dry_run": True, "action": req.action, "request": request, "sandbox": sandbox}
+    _pass_prompt(out, req)
+    return out
+
+
+def _pass_prompt(out: dict[str, Any], req: PayloadRequest) -> None:
+    if req.has_prompt:
+        out["sequential"] = {"prompt": req.prompt}
+        out["prompt"] = req.prompt
+
+
+def _field_of(e: SandboxError) -> str:
+    """Best guess at the payload field a core error is about (its message starts with it)."""
+    head = str(e).split(":", 1)[0].strip().split("[", 1)[0]
+    if head in ("env", "cwd", "timeout", "output", "args", "statement", "function", "script"):
+        return {"script": "scriptPath", "function": "args", "statement": "args", "output": "payload"}.get(head, head)
+    return "command" if "command" in head else "payload"
+
+
+def run_request(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, Any]:
+    """Run a parsed payload; the reply dict (Result + returncode + prompt)."""
+    from .cli import exit_code_for
+
+    prof = _profile(profile)
+    try:
+        if req.action == "run_command":
+            from .supervisor import run
+
+            res = run(req.argv, profile=prof, **_overrides(req))
+        else:
+            from .coderunner import run_python
+
+            res = run_python(req.script or "", req.args, function=req.function, statement=req.statement,
+                             profile=prof, **_overrides(req))
+    except ProfileError as e:  # an override the profile refuses (timeout above its max)
+        key = getattr(e, "key", "") or "payload"
+        raise PayloadError(key if key in ("timeout", "env") else "payload", str(e)) from None
+    except PayloadError:
+        raise
+    except InputError as e:
+        raise PayloadError(_field_of(e), str(e)) from None
+    out: dict[str, Any] = {"action": req.action, **res.to_dict(), "returncode": exit_code_for(res)}
+    _pass_prompt(out, req)
+    return out
+
+
+def execute(text: str | bytes, *, profile: str | Profile = "strict", dry_run: bool = False,
+            base: str | None = None) -> dict[str, Any]:
+    """Validate and run one payload. Returns the reply dict, or {"error": {"field", "message"}} for a bad
+    payload (nothing ran). A bad `profile` (the operator's choice, not the payload's) raises ProfileError."""
+    prof = _profile(profile)
+    try:
+        req = parse(text, base=base)
+        return plan(req, prof) if dry_run else run_request(req, prof)
+    except PayloadError as e:
+        return e.to_dict()
+
+
+def main(argv: list[str]) -> int:
+    from .cli import _Parser
+
+    p = _Parser(prog="sandboxrun payload", usage="sandboxrun payload [--dry-run] [--profile P] < payload.json",
+                description="Run one LLM tool-call payload (run_command or run_code_script) read from stdin; "
+                            "print one JSON object. Exit: the command's code (as sandboxrun run), 2 for a bad "
+                            "payload.")
+    p.add_argument("--profile", "-p", default="strict", help="built-in profile name or a TOML file (default: strict)")
+    p.add_argument("--dry-run", "-n", action="store_true",
+                   help="print the normalised request and its sandbox (profile, limits, mounts); run nothing")
+    p.add_argument("--file", metavar="FILE", help="read the payload from FILE instead of stdin")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)
+    if ns.file:
+        try:
+            with open(ns.file, "rb") as f:
+                text: bytes = f.read()
+        except OSError as e:
+            raise InputError(f"--file {ns.file}: {e.strerror}") from None
+    else:
+        text = sys.stdin.buffer.read()
+    if not ns.dry_run:
+        from . import supervisor
+
+        supervisor.use_direct_forker()  # single-threaded CLI: fork from here
+    reply = execute(text, profile=prof, dry_run=ns.dry_run)
+    print(json.dumps(reply, indent=2))
+    if "error" in reply and len(reply) == 1:
+        return EXIT_USAGE
+    return 0 if ns.dry_run else int(reply["returncode"])
+
+
+__all__ = ["PayloadError", "PayloadRequest", "parse", "plan", "run_request", "execute", "main",
+           "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "OUTPUT_CAP"]

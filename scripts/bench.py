@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""Start-up cost and throughput of sandboxrun beside bare subprocess and bwrap, in one run.
+
+    .venv/bin/python scripts/bench.py [--quick] [--json out.json] [--png out.png]
+
+Every goal is a ratio between two cases measured side by side in this one process,
+so a slow or noisy machine moves both sides. Latency cases are sampled round-robin
+(each round runs every case once, in a rotating order) after a warm-up, and the
+medians are compared. Throughput runs each mode over the same programs, in rotating
+order, and compares the median rates.
+
+Cases (every Python program runs the same interpreter, /usr/bin/python3 by default,
+so that a slow `python3` shim on PATH cannot skew one side):
+
+* /bin/true: subprocess.run, subprocess.run(bwrap strict), sandbox.run (strict)
+* python3 -c pass: the same three
+* throughput of short Python programs at concurrency = CPUs: ThreadPoolExecutor +
+  subprocess.run (bare, bwrap), sandbox.run_many, `sandboxrun batch`
+* CLI: `sandboxrun --profile strict -- /bin/true` vs `python -c pass` (the CLI's
+  own interpreter), both as subprocesses
+* supervisor peak RSS and drain rate for 1 MiB, 64 MiB, 1 GiB of stdout, each
+  in a fresh Python running one sandbox.run
+* nsjail / firejail /bin/true when installed (no goal: for the table only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import sandbox  # noqa: E402
+
+MiB = 1 << 20
+BWRAP_STRICT = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--proc", "/proc",
+                "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp"]
+PROGRAM = "print(sum(range(1000)))"
+
+
+@dataclass
+class Mode:
+    """How much to measure."""
+
+    iterations: int  # latency samples per case
+    warmup: int
+    programs: int  # throughput: programs per round
+    rounds: int  # throughput rounds per mode
+    cli_iterations: int
+    drain_sizes: tuple[int, ...]
+
+
+MODES = {
+    "full": Mode(200, 10, 400, 3, 60, (MiB, 64 * MiB, 1024 * MiB)),
+    "quick": Mode(40, 5, 200, 2, 20, (MiB, 64 * MiB, 1024 * MiB)),
+    "smoke": Mode(2, 1, 8, 1, 2, (MiB, 8 * MiB)),
+}
+
+
+@dataclass
+class Case:
+    name: str
+    unit: str  # "ms" (lower is better), "/s" (higher is better), "MiB", "GiB/s"
+    value: float | None = None
+    samples: list[float] = field(default_factory=list)
+    command: str = ""
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "unit": self.unit, "value": self.value, "command": self.command,
+                "error": self.error, "samples": [round(s, 4) for s in self.samples]}
+
+
+@dataclass
+class Goal:
+    text: str
+    subject: str
+    reference: str | None  # None: an absolute target on the subject's value
+    op: str  # "<=" or ">="
+    target: float
+    ratio: float | None = None
+    passed: bool | None = None
+
+    def judge(self, cases: dict[str, Case]) -> None:
+        s = cases.get(self.subject)
+        r = cases.get(self.reference) if self.reference else None
+        if s is None or s.value is None or (self.reference and (r is None or not r.value)):
+            return
+        self.ratio = s.value / r.value if r is not None and r.value else s.value
+        self.passed = self.ratio <= self.target if self.op == "<=" else self.ratio >= self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"goal": self.text, "subject": self.subject, "reference": self.reference, "op": self.op,
+                "target": self.target, "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "pass": self.passed}
+
+
+GOALS = [
+    Goal("library /bin/true <= 0.8x bwrap", "sandbox_true", "bwrap_true", "<=", 0.8),
+    Goal("library python -c pass <= 1.3x bare", "sandbox_py", "bare_py", "<=", 1.3),
+    Goal("throughput >= 0.75x bare", "tput_run_many", "tput_bare", ">=", 0.75),
+    Goal("throughput >= 1.2x bwrap", "tput_run_many", "tput_bwrap", ">=", 1.2),
+    Goal("CLI /bin/true <= 2.5x bare python -c pass", "cli_true", "cli_bare_py", "<=", 2.5),
+    Goal("supervisor peak RSS spread <= 5 MiB", "rss_spread", None, "<=", 5.0),
+    Goal("drain >= 1 GiB/s", "drain_rate", None, ">=", 1.0),
+]
+
+
+def _rotated(names: Sequence[str], i: int) -> list[str]:
+    k = i % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def _shell_text(argv: Sequence[str]) -> str:
+    import shlex
+
+    return shlex.join(argv)
+
+
+# ---------------------------------------------------------------------------- latency
+
+
+def run_ok(argv: Sequence[str]) -> Callable[[], str | None]:
+    def call() -> str | None:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+        return None if p.returncode == 0 else f"exit {p.returncode}: {p.stderr.decode(errors='replace')[-200:]}"
+
+    return call
+
+
+def sandbox_ok(argv: list[str]) -> Callable[[], str | None]:
+    def call() -> str | None:
+        r = sandbox.run(argv)
+        return None if r.status == "ok" else f"{r.status}: {r.error or r.stderr[-200:]}"
+
+    return call
+
+
+def latency(cases: dict[str, tuple[str, Callable[[], str | None]]], mode: Mode, iterations: int) -> list[Case]:
+    """Round-robin samples (ms) of each call; a case that fails during warm-up is dropped."""
+    out = {name: Case(name, "ms", command=cmd) for name, (cmd, _) in cases.items()}
+    live = []
+    for name, (_, fn) in cases.items():
+        for _ in range(mode.warmup):
+            err = fn()
+            if err:
+                out[name].error = err
+                break
+        else:
+            live.append(name)
+    for i in range(iterations):
+        for name in _rotated(live, i):
+            t = time.perf_counter()
+            err = cases[name][1]()
+            out[name].samples.append((time.perf_counter() - t) * 1000)
+            if err and out[name].error is None:
+                out[name].error = err
+    for c in out.values():
+        if c.samples and c.error is None:
+            c.value = statistics.median(c.samples)
+    return list(out.values())
+
+
+# ---------------------------------------------------------------------------- throughput
+
+
+def load_programs(path: str | None, n: int, py: str) -> list[list[str]]:
+    """argv of each program: N copies of a tiny one, or the programs in a JSONL file
+    ({"code": "..."} or {"command": [...]}) or a directory of .py files."""
+    if path is None:
+        return [[py, "-c", PROGRAM] for _ in range(n)]
+    p = Path(path)
+    codes: list[list[str]] = []
+    if p.is_dir():
+        codes = [[py, "-c", f.read_text()] for f in sorted(p.glob("*.py"))]
+    else:
+        for line in p.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                codes.append(list(d["command"]) if "command" in d else [py, "-c", d["code"]])
+    if not codes:
+        raise SystemExit(f"bench: no programs in {path}")
+    return codes
+
+
+def _bare_pool(argvs: list[list[str]], workers: int) -> int:
+    def one(a: list[str]) -> bool:
+        return subprocess.run(a, stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode == 0
+
+    with ThreadPoolExecutor(workers) as ex:
+        return sum(ex.map(one, argvs))
+
+
+def _run_many(argvs: list[list[str]], workers: int) -> int:
+    return sum(r.success for r in sandbox.run_many(({"command": a} for a in argvs), concurrency=workers))
+
+
+def _cli_batch(jsonl: str, workers: int, cli: list[str]) -> int:
+    p = subprocess.run([*cli, "batch", jsonl, "--concurrency", str(workers)], capture_output=True, timeout=3600)
+    return sum(json.loads(line).get("success", False) for line in p.stdout.splitlines() if line.strip())
+
+
+def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str], bwrap: str | None,
+               expected_ok: int) -> list[Case]:
+    bw = [[bwrap, *BWRAP_STRICT, *a] for a in argvs] if bwrap else []
+    with tempfile.NamedTemporaryFile("w", prefix="sandboxrun-bench-", suffix=".jsonl", delete=False) as f:
+        for a in argvs:
+            f.write(json.dumps({"command": a}) + "\n")
+    try:
+        modes: dict[str, tuple[str, Callable[[], int]]] = {
+            "tput_bare": ("ThreadPoolExecutor + subprocess.run", lambda: _bare_pool(argvs, workers)),
+            "tput_run_many": ("sandbox.run_many", lambda: _run_many(argvs, workers)),
+            "tput_cli_batch": ("sandboxrun batch FILE.jsonl", lambda: _cli_batch(f.name, workers, cli)),
+        }
+        if bwrap:
+            modes["tput_bwrap"] = ("ThreadPoolExecutor + subprocess.run(bwrap strict)", lambda: _bare_pool(bw, workers))
+        out = {name: Case(name, "/s", command=f"{cmd}, {len(argvs)} programs, concurrency {workers}")
+               for name, (cmd, _) in modes.items()}
+        _run_many(argvs[: workers * 2], workers)  # warm: fork server, page cache
+        for r in range(mode.rounds):
+            for name in _rotated(list(modes), r):
+                t = time.perf_counter()
+                ok = modes[name][1]()
+                rate = len(argvs) / (time.perf_counter() - t)
+                out[name].samples.append(rate)
+                if ok != expected_ok and out[name].error is None:
+                    out[name].error = f"{ok} of {len(argvs)} programs succeeded (bare: {expected_ok})"
+        for c in out.values():
+            c.value = statistics.median(c.samples)
+        return list(out.values())
+    finally:
+        os.unlink(f.name)
+
+
+# ---------------------------------------------------------------------------- memory
+
+_DRAIN = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[2])
+import sandbox
+n = int(sys.argv[1])
+sandbox.run(["/bin/true"])
+t = time.perf_counter()
+r = sandbox.run(["head", "-c", str(n), "/dev/zero"], timeout=600)
+d = time.perf_counter() - t
+print(json.dumps({"status": r.status, "bytes": r.stdout_bytes, "seconds": d,
+                  "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def drain(sizes: Sequence[int]) -> list[Case]:
+    cases = []
+    rss: list[float] = []
+    rate: Case | None = None
+    for n in sizes:
+        c = Case(f"rss_{n // MiB}MiB", "MiB", command=f"sandbox.run(['head', '-c', '{n}', '/dev/zero'])")
+        p = subprocess.run([sys.executable, "-c", _DRAIN, str(n), str(ROOT)], capture_output=True, timeout=900)
+        try:
+            d = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            c.error = p.stderr.decode(errors="replace")[-300:]
+            cases.append(c)
+            continue
+        if d["status"] != "ok" or d["bytes"] != n:
+            c.error = f"status {d['status']}, {d['bytes']} of {n} bytes"
+        c.value = d["maxrss_kib"] / 1024
+        c.samples = [c.value]
+        rss.append(c.value)
+        cases.append(c)
+        rate = Case("drain_rate", "GiB/s", value=n / d["seconds"] / (1024 * MiB),
+                    command=f"{n // MiB} MiB through the supervisor (whole run, set-up included)")
+        rate.samples = [rate.value or 0.0]
+    spread = Case("rss_spread", "MiB", value=max(rss) - min(rss) if len(rss) == len(sizes) else None,
+                  command=f"max - min peak RSS over {', '.join(f'{s // MiB} MiB' for s in sizes)}")
+    return [*cases, spread, *([rate] if rate else [])]
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "ms":
+        return f"{v:.2f} ms"
+    if unit == "/s":
+        return f"{v:.1f}/s"
+    if unit == "GiB/s":
+        return f"{v:.2f} GiB/s"
+    return f"{v:.1f} {unit}"
+
+
+def table(cases: dict[str, Case], goals: list[Goal]) -> str:
+    rows = [("case", "median", "command")]
+    for c in cases.values():
+        rows.append((c.name, _fmt(c.value, c.unit) if not c.error else f"FAILED ({c.error[:60]})", c.command[:90]))
+    w = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]}" for r in rows]
+    lines.insert(1, "-" * (w[0] + w[1] + 40))
+    grows = [("goal", "ratio", "target", "result")]
+    for g in goals:
+        ratio = "-" if g.ratio is None else f"{g.ratio:.2f}" + ("" if g.reference is None else "x")
+        res = "n/a" if g.passed is None else ("pass" if g.passed else "FAIL")
+        grows.append((g.text, ratio, f"{g.op} {g.target:g}", res))
+    gw = [max(len(r[i]) for r in grows) for i in range(4)]
+    lines += ["", *(f"{r[0]:<{gw[0]}}  {r[1]:>{gw[1]}}  {r[2]:<{gw[2]}}  {r[3]}" for r in grows)]
+    lines.insert(len(lines) - len(goals), "-" * (sum(gw) + 6))
+    return "\n".join(lines)
+
+
+def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[dev]'): no chart"
+    v = {k: (c.value if c.value is not None and not c.error else 0.0) for k, c in cases.items()}
+    colors = {"bare": "#8c8c8c", "bwrap": "#d9822b", "sandboxrun": "#2b6cb0", "batch CLI": "#5a9bd5"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    ax = axes[0]
+    groups = [("/bin/true", "true"), ("python -c pass", "py")]
+    for gi, (_label, key) in enumerate(groups):
+        for j, (who, pre) in enumerate((("bare", "bare"), ("bwrap", "bwrap"), ("sandboxrun", "sandbox"))):
+            val = v.get(f"{pre}_{key}", 0.0)
+            ax.bar(gi + (j - 1) * 0.27, val, 0.25, color=colors[who], label=who if gi == 0 else None)
+            ax.text(gi + (j - 1) * 0.27, val, f"{val:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_ylabel("median ms per run (lower is better)")
+    ax.set_title("start-up latency, library call")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    names = [("bare", "tput_bare"), ("bwrap", "tput_bwrap"), ("sandboxrun", "tput_run_many"),
+             ("batch CLI", "tput_cli_batch")]
+    for j, (who, key) in enumerate(names):
+        ax.bar(j, v.get(key, 0.0), color=colors[who])
+        ax.text(j, v.get(key, 0.0), f"{v.get(key, 0.0):.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), ["bare", "bwrap", "run_many", "batch CLI"])
+    ax.set_ylabel("programs per second (higher is better)")
+    ax.set_title(f"throughput, concurrency {meta['cpus']}")
+    ax = axes[2]
+    for i, g in enumerate(goals):
+        if g.ratio is None:
+            continue
+        ok = g.passed
+        ax.barh(i, g.ratio, color="#2f855a" if ok else "#c53030")
+        ax.plot([g.target, g.target], [i - 0.4, i + 0.4], color="black", lw=2)
+        ax.text(g.ratio, i, f" {g.ratio:.2f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(goals)), [g.text for g in goals], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title("goals: ratio (bar) vs target (black tick)")
+    fig.suptitle(f"sandboxrun bench ({meta['mode']}): {meta['cpus']} CPUs, kernel {meta['kernel']}, "
+                 f"{meta['date']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def _cli_argv() -> list[str]:
+    exe = Path(sys.executable).parent / "sandboxrun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sandbox"]
+
+
+def _meta(mode: str, py: str, bwrap: str | None) -> dict[str, Any]:
+    def out(argv: list[str]) -> str:
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (p.stdout or p.stderr).strip().splitlines()[0] if (p.stdout or p.stderr) else ""
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "mode": mode, "cpus": os.cpu_count(), "kernel": platform.release(), "machine": platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python_bench": sys.version.split()[0],
+        "python_programs": py, "python_programs_version": out([py, "-V"]),
+        "bwrap": out([bwrap, "--version"]) if bwrap else None, "sandboxrun": sandbox.__version__,
+        "commit": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "argv": sys.argv,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples (a minute or so on 2 cores)")
+    ap.add_argument("--smoke", action="store_true", help="2 samples per case: proves the script works")
+    ap.add_argument("--iterations", type=int, help="latency samples per case (overrides the mode)")
+    ap.add_argument("--programs", help="throughput programs: JSONL ({\"code\"} or {\"command\"}) or a dir of .py")
+    ap.add_argument("--python", default="/usr/bin/python3", help="interpreter for the Python cases")
+    ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--png", help="draw the chart here (needs matplotlib)")
+    ns = ap.parse_args(argv)
+    mode_name = "smoke" if ns.smoke else "quick" if ns.quick else "full"
+    mode = MODES[mode_name]
+    iterations = ns.iterations or mode.iterations
+    py = shutil.which(ns.python) or ns.python
+    bwrap = shutil.which("bwrap")
+    meta = _meta(mode_name, py, bwrap)
+    started = time.perf_counter()
+    cases: dict[str, Case] = {}
+
+    def add(cs: list[Case]) -> None:
+        for c in cs:
+            cases[c.name] = c
+            print(f"  {c.name:<16} {_fmt(c.value, c.unit) if not c.error else 'FAILED: ' + c.error[:100]}",
+                  file=sys.stderr, flush=True)
+
+    print(f"bench ({mode_name}): {meta['cpus']} CPUs, programs run with {meta['python_programs_version']}",
+          file=sys.stderr)
+    true, pypass = ["/bin/true"], [py, "-c", "pass"]
+    lat: dict[str, tuple[str, Callable[[], str | None]]] = {
+        "bare_true": ("subprocess.run(['/bin/true'])", run_ok(true)),
+        "sandbox_true": ("sandbox.run(['/bin/true']) strict", sandbox_ok(true)),
+        "bare_py": (f"subprocess.run({pypass})", run_ok(pypass)),
+        "sandbox_py": (f"sandbox.run({pypass}) strict", sandbox_ok(pypass)),
+    }
+    if bwrap:
+        lat["bwrap_true"] = ("subprocess.run(bwrap strict /bin/true)", run_ok([bwrap, *BWRAP_STRICT, *true]))
+        lat["bwrap_py"] = ("subprocess.run(bwrap strict python -c pass)", run_ok([bwrap, *BWRAP_STRICT, *pypass]))
+    for tool, args in (("nsjail", ["-Mo", "--quiet", "--chroot", "/", "--"]),
+                       ("firejail", ["--quiet", "--noprofile", "--private", "--net=none"])):
+        exe = shutil.which(tool)
+        if exe:
+            lat[f"{tool}_true"] = (f"subprocess.run({tool} /bin/true)", run_ok([exe, *args, *true]))
+        else:
+            meta[tool] = "not installed"
+    print("latency ...", file=sys.stderr, flush=True)
+    add(latency(lat, mode, iterations))
+
+    print("CLI ...", file=sys.stderr, flush=True)
+    cli = _cli_argv()
+    add(latency({
+        "cli_true": (_shell_text([*cli, "--profile", "strict", "--", "/bin/true"]),
+                     run_ok([*cli, "--profile", "strict", "--", "/bin/true"])),
+        "cli_bare_py": (_shell_text([sys.executable, "-c", "pass"]), run_ok([sys.executable, "-c", "pass"])),
+    }, mode, ns.iterations or mode.cli_iterations))
+
+    print("throughput ...", file=sys.stderr, flush=True)
+    argvs = load_programs(ns.programs, mode.programs, py)
+    expected = _bare_pool(argvs, ns.concurrency)  # programs that succeed bare; warms the page cache
+    add(throughput(argvs, mode, ns.concurrency, cli, bwrap, expected))
+    meta["programs"] = {"count": len(argvs), "source": ns.programs or PROGRAM, "succeed_bare": expected}
+
+    print("supervisor memory and drain ...", file=sys.stderr, flush=True)
+    add(drain(mode.drain_sizes))
+
+    for g in GOALS:
+        g.judge(cases)
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    print()
+    print(table(cases, GOALS))
+    print(f"\n{meta['cpus']} CPUs, {meta['seconds']} s, mode {mode_name}, {iterations} samples per latency case")
+    if ns.json:
+        doc = {"meta": meta, "cases": [c.to_dict() for c in cases.values()], "goals": [g.to_dict() for g in GOALS]}
+        Path(ns.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if ns.png:
+        note = chart(ns.png, cases, GOALS, meta)
+        if note:
+            print(f"bench: {note}", file=sys.stderr)
+    failed = [c.name for c in cases.values() if c.error]
+    if failed:
+        print(f"bench: cases that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

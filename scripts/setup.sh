@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian/Ubuntu machine: system headers, a virtual
+# environment in .venv, the package (editable) with its dev extras.
+#   ./scripts/setup.sh          as root (installs missing Debian packages with apt-get)
+#   ./scripts/setup.sh --user   skip apt-get (the packages below must be present)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(libcap-dev libseccomp2 libseccomp-dev gcc python3-venv python3-dev bubblewrap util-linux)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ] && [ "${1:-}" != "--user" ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: ${missing[*]} (or install them and rerun with --user)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), "sandboxrun needs Python >= 3.11"'
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import sandbox, prctl, pyseccomp, pytest, hypothesis' 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,mcp,langchain]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  .venv/bin/python -c 'import sandbox, prctl, pyseccomp' 
+  touch .venv/.installed
+fi

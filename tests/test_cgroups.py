@@ -1,0 +1,443 @@
+"""cgroups: the v2 file protocol against a fake tree, v1 and v2 for real where the host has them.
+
+The fake tree stands in for cgroupfs: creating a directory under it makes the kernel's
+interface files appear (as mkdir in cgroupfs does), removing one takes them away.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.isolation import cgroups
+from sandbox.isolation.cgroups import CgroupLimits, CgroupUnavailable, V1Backend, V2Backend
+
+INTERFACE = {
+    "memory.max": "max\n", "memory.swap.max": "max\n", "pids.max": "max\n", "cpu.max": "max 100000\n",
+    "memory.peak": "0\n", "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
+    "pids.events": "max 0\n", "cpu.stat": "usage_usec 0\nuser_usec 0\nsystem_usec 0\n",
+    "cgroup.kill": "", "cgroup.freeze": "0\n", "cgroup.procs": "",
+    "cgroup.controllers": "cpuset cpu io memory hugetlb pids\n", "cgroup.subtree_control": "\n",
+}
+
+
+def _populate(d: Path, omit: tuple[str, ...] = ()) -> None:
+    for name, text in INTERFACE.items():
+        if name not in omit:
+            (d / name).write_text(text)
+
+
+@pytest.fixture
+def fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cgroup2-like tree: mkdir/rmdir below it behave like cgroupfs."""
+    root = tmp_path / "cgroup2"
+    root.mkdir()
+    _populate(root)
+    omit: list[str] = []
+    real_mkdir, real_rmdir = os.mkdir, os.rmdir
+
+    def mkdir(path: str | os.PathLike[str], mode: int = 0o777, *a: object, **kw: object) -> None:
+        real_mkdir(path, mode)
+        if str(path).startswith(str(root)):
+            _populate(Path(path), tuple(omit))
+
+    def rmdir(path: str | os.PathLike[str], *a: object, **kw: object) -> None:
+        p = Path(path)
+        if str(p).startswith(str(root)) and p.is_dir():
+            for f in p.iterdir():
+                if f.is_file():
+                    f.unlink()
+        real_rmdir(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    root.omit = omit  # type: ignore[attr-defined]  # interface files new cgroups lack (a controller off)
+    yield root
+
+
+def _only_child(root: Path) -> Path:
+    kids = [p for p in root.iterdir() if p.is_dir()]
+    assert len(kids) == 1, kids
+    return kids[0]
+
+
+# ---------------------------------------------------------------------------- v2, fake tree
+
+
+def test_v2_create_writes_every_limit(fake_v2: Path) -> None:
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(memory=256 * 2**20, processes=32, cpus=0.5))
+    d = _only_child(fake_v2)
+    assert d.name.startswith(f"sandboxrun-{os.getpid()}-")
+    assert cg.version == "v2" and cg.dirs == [str(d)] and cg.procs_files == [str(d / "cgroup.procs")]
+    assert (d / "memory.max").read_text() == str(256 * 2**20)
+    assert (d / "memory.swap.max").read_text() == "0"  # no swapping around the memory limit
+    assert (d / "pids.max").read_text() == "32"
+    assert (d / "cpu.max").read_text() == "50000 100000"
+    cg.remove()
+    assert not d.exists()
+
+
+def test_v2_create_leaves_unset_limits_alone(fake_v2: Path) -> None:
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(memory=None, processes=None, cpus=None))
+    d = _only_child(fake_v2)
+    for name in ("memory.max", "memory.swap.max", "pids.max", "cpu.max"):
+        assert (d / name).read_text() == INTERFACE[name], name
+    cg.remove()
+
+
+def test_v2_missing_controller_fails_closed_and_names_it(fake_v2: Path) -> None:
+    fake_v2.omit.append("cpu.max")  # type: ignore[attr-defined]  # cpu not enabled for children
+    with pytest.raises(OSError) as ei:
+        V2Backend(str(fake_v2)).create(CgroupLimits(memory=64 * 2**20, processes=8, cpus=1.0))
+    assert ei.value.errno == errno.ENOTSUP
+    assert "'cpu' is not enabled" in str(ei.value) and "cpu.max" in str(ei.value)
+    assert not [p for p in fake_v2.iterdir() if p.is_dir()], "the half-made cgroup must be removed"
+
+
+def test_v2_stats_read_peak_oom_pids_cpu(fake_v2: Path) -> None:
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
+    d = _only_child(fake_v2)
+    (d / "memory.peak").write_text("12345678\n")
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n")
+    (d / "pids.events").write_text("max 3\n")
+    (d / "cpu.stat").write_text("usage_usec 3500000\nuser_usec 2500000\nsystem_usec 1000000\nnr_periods 4\n")
+    s = cg.stats()
+    assert (s.peak_memory, s.oom_kills, s.pids_max_hit) == (12345678, 2, True)
+    assert (s.cpu_user_s, s.cpu_sys_s) == (2.5, 1.0)
+    cg.remove()
+
+
+def test_v2_stats_survive_missing_files(fake_v2: Path) -> None:
+    fake_v2.omit.extend(["memory.peak", "pids.events"])  # type: ignore[attr-defined]  # pre-5.19 kernel
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
+    d = _only_child(fake_v2)
+    (d / "memory.events").write_text("oom_kill 1\n")
+    (d / "cpu.stat").write_text("user_usec 1000000\nsystem_usec 0\n")
+    s = cg.stats()
+    assert (s.peak_memory, s.oom_kills, s.pids_max_hit, s.cpu_user_s) == (0, 1, False, 1.0)
+    cg.remove()
+
+
+def test_v2_remove_kills_through_cgroup_kill_not_signals(fake_v2: Path) -> None:
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
+    d = _only_child(fake_v2)
+    bystander = subprocess.Popen(["sleep", "30"])  # listed in the fake cgroup, but really ours
+    try:
+        (d / "cgroup.procs").write_text(f"{bystander.pid}\n")
+        assert cg.pids() == [bystander.pid]
+        written: list[tuple[str, str]] = []
+        real_write = cgroups._write
+
+        def spy(path: str, value: str) -> None:
+            written.append((os.path.basename(path), value))
+            real_write(path, value)
+
+        cgroups._write = spy  # type: ignore[assignment]
+        try:
+            cg.remove()
+        finally:
+            cgroups._write = real_write  # type: ignore[assignment]
+        assert ("cgroup.kill", "1") in written
+        assert bystander.poll() is None, "v2 with cgroup.kill must not fall back to signalling pids"
+        assert not d.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_v2_without_cgroup_kill_freezes_then_signals(fake_v2: Path) -> None:
+    fake_v2.omit.append("cgroup.kill")  # type: ignore[attr-defined]  # kernel < 5.14
+    cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
+    d = _only_child(fake_v2)
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        (d / "cgroup.procs").write_text(f"{victim.pid}\n")
+        written: list[tuple[str, str]] = []
+        real_write = cgroups._write
+
+        def spy(path: str, value: str) -> None:
+            written.append((os.path.basename(path), value))
+            real_write(path, value)
+            if os.path.basename(path) == "cgroup.freeze" and value == "0":
+                (d / "cgroup.procs").write_text("")  # the kernel drops dead tasks from the list
+
+        cgroups._write = spy  # type: ignore[assignment]
+        try:
+            cg.kill_all()
+        finally:
+            cgroups._write = real_write  # type: ignore[assignment]
+        assert victim.wait(timeout=10) == -9
+        assert written[0] == ("cgroup.freeze", "1") and ("cgroup.freeze", "0") in written
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+    cg.remove()
+
+
+def test_v2_sweep_removes_only_dead_owners(fake_v2: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = fake_v2 / f"sandboxrun-{dead.pid}-0"
+    live = fake_v2 / f"sandboxrun-{os.getppid()}-0"
+    leaf = fake_v2 / "sandboxrun-supervisor"
+    for d in (stale, live, leaf):
+        os.mkdir(d)
+    assert V2Backend(str(fake_v2)).sweep_stale() == 1
+    assert not stale.exists() and live.exists() and leaf.exists()
+
+
+# ---------------------------------------------------------------------------- v2 controllers
+
+
+def test_enable_controllers_writes_the_missing_ones(fake_v2: Path) -> None:
+    (fake_v2 / "cgroup.subtree_control").write_text("cpuset memory\n")
+    cgroups._enable_controllers(str(fake_v2))
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+pids +cpu"
+
+
+def test_enable_controllers_noop_when_enabled(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (fake_v2 / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    monkeypatch.setattr(cgroups, "_write", lambda p, v: pytest.fail(f"unexpected write {p} {v}"))
+    cgroups._enable_controllers(str(fake_v2))
+
+
+def test_enable_controllers_moves_processes_into_a_leaf_on_ebusy(fake_v2: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "no internal processes" rule: the kernel answers EBUSY while cg_dir holds processes."""
+    (fake_v2 / "cgroup.procs").write_text("101\n202\n")
+    log: list[tuple[str, str]] = []
+
+    def kernel_write(path: str, value: str) -> None:
+        rel = os.path.relpath(path, fake_v2)
+        log.append((rel, value))
+        procs = fake_v2 / "cgroup.procs"
+        if rel == "cgroup.subtree_control":
+            if procs.read_text().split():
+                raise OSError(errno.EBUSY, "Device or resource busy")
+            Path(path).write_text(value)
+        elif rel.endswith("cgroup.procs"):  # a move: out of the parent, into the leaf
+            procs.write_text("".join(f"{p}\n" for p in procs.read_text().split() if p != value))
+            with open(path, "a") as f:
+                f.write(value + "\n")
+
+    monkeypatch.setattr(cgroups, "_write", kernel_write)
+    cgroups._enable_controllers(str(fake_v2))
+    leaf = "sandboxrun-supervisor"
+    assert log == [("cgroup.subtree_control", "+memory +pids +cpu"),
+                   (f"{leaf}/cgroup.procs", "101"), (f"{leaf}/cgroup.procs", "202"),
+                   ("cgroup.subtree_control", "+memory +pids +cpu")]
+    assert (fake_v2 / leaf / "cgroup.procs").read_text().split() == ["101", "202"]
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+
+
+def test_enable_controllers_gives_up_on_persistent_ebusy(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def busy(path: str, value: str) -> None:
+        if path.endswith("subtree_control"):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+
+    monkeypatch.setattr(cgroups, "_write", busy)
+    with pytest.raises(OSError) as ei:
+        cgroups._enable_controllers(str(fake_v2))
+    assert ei.value.errno == errno.EBUSY
+
+
+def test_enable_controllers_other_errors_propagate(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: str, value: str) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cgroups, "_write", denied)
+    with pytest.raises(PermissionError):
+        cgroups._enable_controllers(str(fake_v2))
+    assert not (fake_v2 / "sandboxrun-supervisor").exists()
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+def _fake_mounts(monkeypatch: pytest.MonkeyPatch, mounts: list[tuple[str, str, str]], uid: int = 0) -> None:
+    monkeypatch.setattr(cgroups, "_mountinfo", lambda: mounts)
+    monkeypatch.setattr(cgroups, "_own_v2_cgroup", lambda: "/")
+    monkeypatch.setattr(cgroups.os, "geteuid", lambda: uid)
+    monkeypatch.delenv("SANDBOXRUN_CGROUP", raising=False)
+
+
+def test_detect_v2_enables_controllers(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_mounts(monkeypatch, [(str(fake_v2), "cgroup2", "rw")])
+    b = cgroups._detect()
+    assert isinstance(b, V2Backend) and b.parent == str(fake_v2)
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+
+
+def test_detect_v2_without_memory_pids_says_so(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (fake_v2 / "cgroup.controllers").write_text("hugetlb\n")  # like /sys/fs/cgroup/unified here
+    _fake_mounts(monkeypatch, [(str(fake_v2), "cgroup2", "rw")])
+    with pytest.raises(CgroupUnavailable) as ei:
+        cgroups._detect()
+    assert "lacks the memory/pids controllers" in str(ei.value) and not str(ei.value).startswith("[Errno")
+
+
+def test_detect_v2_not_delegated_names_delegation(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_mounts(monkeypatch, [(str(fake_v2), "cgroup2", "rw")], uid=1000)
+
+    def denied(path: str, value: str) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cgroups, "_write", denied)
+    with pytest.raises(CgroupUnavailable) as ei:
+        cgroups._detect()
+    assert ei.value.errno == errno.EACCES and "Delegate=yes" in str(ei.value)
+
+
+def test_detect_v1_unwritable_names_delegation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mem = tmp_path / "memory"
+    mem.mkdir()
+    _fake_mounts(monkeypatch, [(str(mem), "cgroup", "rw,memory")], uid=1000)
+    monkeypatch.setattr(cgroups.os, "access", lambda p, m: False)
+    with pytest.raises(CgroupUnavailable) as ei:
+        cgroups._detect()
+    assert "no delegation" in str(ei.value) and "rootless" in str(ei.value)
+
+
+def test_detect_forced_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    with pytest.raises(CgroupUnavailable, match="SANDBOXRUN_CGROUP=none"):
+        cgroups._detect()
+
+
+# ---------------------------------------------------------------------------- real hierarchies
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating cgroups on this host needs root")
+
+
+def _real_v1() -> dict[str, str]:
+    v1: dict[str, str] = {}
+    for point, fstype, opts in cgroups._mountinfo():
+        if fstype == "cgroup":
+            for c in cgroups.V1_CONTROLLERS:
+                if c in opts.split(","):
+                    v1.setdefault(c, point)
+    return v1
+
+
+def _real_v2() -> str | None:
+    return next((p for p, fstype, _ in cgroups._mountinfo() if fstype == "cgroup2"), None)
+
+
+@needs_root
+def test_v1_real_limits_stats_kill_remove() -> None:
+    v1 = _real_v1()
+    if "memory" not in v1 or "pids" not in v1:
+        pytest.skip("no cgroup v1 memory+pids hierarchies on this host")
+    cg = V1Backend(v1).create(CgroupLimits(memory=64 * 2**20, processes=16, cpus=0.5))
+    victim = None
+    try:
+        assert all(os.path.isdir(d) for d in cg.dirs)
+        assert int(Path(cg._file("memory.limit_in_bytes") or "").read_text()) == 64 * 2**20
+        assert Path(cg._file("pids.max") or "").read_text().strip() == "16"
+        if cg._file("cpu.cfs_quota_us"):
+            assert Path(cg._file("cpu.cfs_quota_us") or "").read_text().strip() == "50000"
+        # A process that joined every hierarchy (as the child does through the passed fds).
+        r, w = os.pipe()
+        victim = subprocess.Popen([sys.executable, "-c", "import os,time; os.read(0,1); b = b'x' * (8 << 20); time.sleep(60)"],
+                                  stdin=r)
+        os.close(r)
+        for f in cg.procs_files:
+            cgroups._write(f, str(victim.pid))
+        os.write(w, b"x")
+        os.close(w)
+        assert cg.pids() == [victim.pid]
+        s = cg.stats()
+        assert s.peak_memory > 0 and s.cpu_user_s is not None
+        cg.kill_all()
+        assert victim.wait(timeout=10) == -9
+        assert cg.pids() == []
+    finally:
+        if victim is not None and victim.poll() is None:
+            victim.kill()
+            victim.wait()
+        cg.remove()
+    assert not any(os.path.exists(d) for d in cg.dirs)
+
+
+@needs_root
+def test_v1_sweep_removes_stale_cgroups() -> None:
+    v1 = _real_v1()
+    if "memory" not in v1:
+        pytest.skip("no cgroup v1 memory hierarchy on this host")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"sandboxrun-{dead.pid}-99"
+    made = [os.path.join(base, name) for base in dict.fromkeys(v1.values())]
+    for d in made:
+        os.mkdir(d)
+    try:
+        assert V1Backend(v1).sweep_stale() >= 1
+        assert not any(os.path.exists(d) for d in made)
+    finally:
+        for d in made:
+            if os.path.exists(d):
+                os.rmdir(d)
+
+
+@needs_root
+def test_v2_real_mount() -> None:
+    """v2 for real when a cgroup2 mount with memory and pids is there; otherwise say why not."""
+    base = _real_v2()
+    if base is None:
+        pytest.skip("no cgroup2 mount on this host")
+    ctl = Path(base, "cgroup.controllers").read_text().split()
+    if "memory" not in ctl or "pids" not in ctl:
+        pytest.skip(f"cgroup2 at {base} has controllers [{' '.join(ctl) or 'none'}]: "
+                    "not usable for memory/pids limits (the v2 protocol is covered by the fake-tree tests)")
+    code = ("import json, sandbox; r = sandbox.run(['sh', '-c', 'cat /sys/fs/cgroup/memory.max 2>/dev/null; echo'],"
+            " memory='64MiB'); print(json.dumps([r.status, r.isolation.cgroup, r.usage.peak_memory_bytes]))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SANDBOXRUN_CGROUP": "v2"},
+                         capture_output=True, text=True, timeout=60)
+    status, version, peak = __import__("json").loads(out.stdout.splitlines()[-1])
+    assert (status, version) == ("ok", "v2") and peak > 0, out
+    assert not glob.glob(os.path.join(base, "**", "sandboxrun-[0-9]*"), recursive=True)
+
+
+@needs_root
+def test_runs_leave_no_cgroups(isolated: object) -> None:
+    import sandbox
+
+    r = sandbox.run(["sh", "-c", "sleep 30 & sleep 30 & setsid sleep 30 & wait"], timeout=0.5)
+    assert r.status == "timeout" and r.isolation.cgroup in ("v1", "v2"), r
+    assert not glob.glob(f"/sys/fs/cgroup/*/sandboxrun-{os.getpid()}-*")
+    assert not glob.glob(f"/sys/fs/cgroup/sandboxrun-{os.getpid()}-*")
+
+
+# ---------------------------------------------------------------------------- fail closed
+
+
+def test_required_cgroup_unavailable_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import sandbox
+    from sandbox.profile import load
+
+    def unavailable() -> cgroups.Backend:
+        raise CgroupUnavailable(errno.EACCES, "cgroup v1 hierarchies are not writable by uid 1000: no delegation")
+
+    monkeypatch.setattr(cgroups, "detect", unavailable)
+    r = sandbox.run(["/bin/true"], profile="strict")
+    assert r.status == "setup_error" and r.error_step == "cgroup" and r.error_errno == errno.EACCES, r
+    assert "delegation" in (r.error or "") and "[Errno" not in (r.error or "")
+    assert r.pid is None  # nothing ran
+    # An explicitly weaker profile runs, and says the cgroup is missing and why.
+    weaker = dataclasses.replace(load("strict"), cgroup="optional")
+    r = sandbox.run(["/bin/true"], profile=weaker)
+    if r.status == "setup_error" and r.error_step != "cgroup":
+        pytest.skip(f"sandbox unavailable here: {r.error}")
+    assert r.status == "ok" and r.isolation.cgroup == "none", r
+    assert "delegation" in r.isolation.limits["cgroup_unavailable"]
+    assert r.isolation.limits["memory_bytes"] is None
