@@ -118,7 +118,7 @@ def _run_one(pos: int, req: Any, profile: Profile) -> BatchItem:
 
     if isinstance(req, _Invalid):
         return BatchError(pos, req.error, pos if req.id is None else req.id)
-    rid: Any = None
+    rid = req.get("id") if isinstance(req, dict) else getattr(req, "id", None)  # known even when invalid
     try:
         rid, kw = _as_kwargs(req)
         if kw.get("profile") is None:

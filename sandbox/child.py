@@ -4,11 +4,14 @@ spawns the command, and stays as PID 1 to reap and forward signals.
 Order (each step from its own module; why it sits where it does):
   session       setsid: a new session, detached from the caller's terminal (TIOCSTI)
   pdeathsig     SIGKILL when the forker dies, so nothing runs unsupervised
-  cgroup        join the run's cgroup before any fork, so every descendant is counted
-  namespaces    mount, net, ipc, uts, cgroup (pid and user were made by the forker)
+  namespaces    mount, net, ipc, uts (pid and user were made by the forker)
   filesystem    tmpfs root, binds, /tmp, /dev, /proc, pivot_root (needs CAP_SYS_ADMIN)
   network       loopback up (needs CAP_NET_ADMIN in the new net namespace)
   hostname      (needs CAP_SYS_ADMIN in the new uts namespace)
+  cgroup        wait until the supervisor has moved us into the run's cgroup (it does so
+                while we build the filesystem: a v1 memory-cgroup move costs milliseconds),
+                before any fork, so every descendant is counted; then the cgroup namespace,
+                rooted at the run's cgroup
   rlimits       before dropping privileges: raising is impossible afterwards anyway
   fds           close everything above 2 but the report pipe (CLOEXEC) (CVE-2024-21626)
   identity      bounding set emptied, then uid/gid (or a nested user namespace)
@@ -86,6 +89,20 @@ def find_executable(name: str, path: str) -> str:
     raise StepError("exec", 2, f"{name}: command not found")
 
 
+def _await_cgroup(sync_fd: int) -> None:
+    """The supervisor writes b"1" once we are in the run's cgroup, or b"0<errno> <why>"."""
+    data = b""
+    while True:
+        chunk = os.read(sync_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(sync_fd)
+    if data[:1] != b"1":
+        err, _, why = data[1:].decode(errors="replace").partition(" ")
+        raise StepError("cgroup", int(err) if err.isdigit() else 0, why or "the supervisor went away")
+
+
 def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str, float]) -> None:
     step = ["session"]
     t = time.perf_counter()
@@ -106,15 +123,11 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         prctl.set_name("sandboxrun-init")
         mark("pdeathsig")
         prctl.set_pdeathsig(signal.SIGKILL)  # (getppid() is 0 here: the parent is outside our pid ns)
-        mark("cgroup")
-        for fd in cgroup_fds:
-            os.write(fd, b"0")
-            os.close(fd)
         mark("namespaces")
-        if plan.unshare_flags:
-            from .isolation.syscalls import unshare
+        from .isolation.syscalls import CLONE_NEWCGROUP, unshare
 
-            unshare(plan.unshare_flags)
+        if plan.unshare_flags & ~CLONE_NEWCGROUP:
+            unshare(plan.unshare_flags & ~CLONE_NEWCGROUP)
         if plan.view is not None:
             mark("filesystem")
             from .isolation.filesystem import build_view
@@ -137,6 +150,12 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
             import socket
 
             socket.sethostname(plan.hostname)
+        if cgroup_fds:
+            mark("cgroup")
+            _await_cgroup(cgroup_fds[0])
+        if plan.unshare_flags & CLONE_NEWCGROUP:
+            mark("cgroup_namespace")
+            unshare(CLONE_NEWCGROUP)
         mark("rlimits")
         from .isolation import rlimits
 

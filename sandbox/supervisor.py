@@ -259,6 +259,21 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
     )
 
 
+def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int) -> None:
+    """Move the child into its cgroup (while it builds its filesystem), then tell it."""
+    try:
+        cg.add(pid)
+        msg = b"1"
+    except OSError as e:
+        msg = f"0{e.errno or 0} cannot move the sandbox into {cg.dirs[0]}: {e.strerror}".encode()
+    try:
+        os.write(sync_w, msg)
+    except OSError:
+        pass  # the child is gone already; its exit is reported as usual
+    finally:
+        os.close(sync_w)
+
+
 def _pipe(size: int | None = None) -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     if size:
@@ -318,8 +333,11 @@ def execute(req: Request) -> Result:
             else:
                 in_r = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
                 opened.append(in_r)
-        cg_fds = cg.open_procs() if cg else []
-        opened += cg_fds
+        cg_fds: list[int] = []
+        if cg is not None:
+            sync_r, sync_w = _pipe()
+            opened += [sync_r, sync_w]
+            cg_fds = [sync_r]
         try:
             launched = _forker().spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds))
         except ForkError as e:
@@ -328,6 +346,9 @@ def execute(req: Request) -> Result:
         for fd in (out_w, err_w, rep_w, *cg_fds, *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
             os.close(fd)
             opened.remove(fd)
+        if cg is not None:
+            _join_cgroup(cg, launched.pid, sync_w)
+            opened.remove(sync_w)
         if req.on_started is not None:
             req.on_started(launched.pid)
         if req.pty_master is not None:

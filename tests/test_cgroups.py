@@ -34,13 +34,20 @@ def _populate(d: Path, omit: tuple[str, ...] = ()) -> None:
             (d / name).write_text(text)
 
 
+class FakeRoot(type(Path())):  # type: ignore[misc]
+    """The tree's root path, plus the interface files new cgroups lack (a controller that is off)."""
+
+    omit: list[str]
+
+
 @pytest.fixture
 def fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A cgroup2-like tree: mkdir/rmdir below it behave like cgroupfs."""
-    root = tmp_path / "cgroup2"
+    root = FakeRoot(tmp_path / "cgroup2")
     root.mkdir()
     _populate(root)
     omit: list[str] = []
+    root.omit = omit
     real_mkdir, real_rmdir = os.mkdir, os.rmdir
 
     def mkdir(path: str | os.PathLike[str], mode: int = 0o777, *a: object, **kw: object) -> None:
@@ -56,9 +63,23 @@ def fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                     f.unlink()
         real_rmdir(path)
 
+    def kernel_write(path: str, value: str) -> None:
+        """cgroupfs writes replace the value; subtree_control applies +/- and reads back names."""
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if p.name == "cgroup.subtree_control":
+            on = p.read_text().split()
+            for tok in value.split():
+                name = tok[1:]
+                on = [c for c in on if c != name] + ([name] if tok[0] == "+" else [])
+            p.write_text(" ".join(on) + "\n")
+        else:
+            p.write_text(value)
+
     monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr(os, "rmdir", rmdir)
-    root.omit = omit  # type: ignore[attr-defined]  # interface files new cgroups lack (a controller off)
+    monkeypatch.setattr(cgroups, "_write", kernel_write)
     yield root
 
 
@@ -93,7 +114,7 @@ def test_v2_create_leaves_unset_limits_alone(fake_v2: Path) -> None:
 
 
 def test_v2_missing_controller_fails_closed_and_names_it(fake_v2: Path) -> None:
-    fake_v2.omit.append("cpu.max")  # type: ignore[attr-defined]  # cpu not enabled for children
+    fake_v2.omit.append("cpu.max")  # cpu not enabled for children
     with pytest.raises(OSError) as ei:
         V2Backend(str(fake_v2)).create(CgroupLimits(memory=64 * 2**20, processes=8, cpus=1.0))
     assert ei.value.errno == errno.ENOTSUP
@@ -115,7 +136,7 @@ def test_v2_stats_read_peak_oom_pids_cpu(fake_v2: Path) -> None:
 
 
 def test_v2_stats_survive_missing_files(fake_v2: Path) -> None:
-    fake_v2.omit.extend(["memory.peak", "pids.events"])  # type: ignore[attr-defined]  # pre-5.19 kernel
+    fake_v2.omit.extend(["memory.peak", "pids.events"])  # pre-5.19 kernel
     cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
     d = _only_child(fake_v2)
     (d / "memory.events").write_text("oom_kill 1\n")
@@ -153,7 +174,7 @@ def test_v2_remove_kills_through_cgroup_kill_not_signals(fake_v2: Path) -> None:
 
 
 def test_v2_without_cgroup_kill_freezes_then_signals(fake_v2: Path) -> None:
-    fake_v2.omit.append("cgroup.kill")  # type: ignore[attr-defined]  # kernel < 5.14
+    fake_v2.omit.append("cgroup.kill")  # kernel < 5.14
     cg = V2Backend(str(fake_v2)).create(CgroupLimits(None, None, None))
     d = _only_child(fake_v2)
     victim = subprocess.Popen(["sleep", "30"])
@@ -200,7 +221,7 @@ def test_v2_sweep_removes_only_dead_owners(fake_v2: Path) -> None:
 def test_enable_controllers_writes_the_missing_ones(fake_v2: Path) -> None:
     (fake_v2 / "cgroup.subtree_control").write_text("cpuset memory\n")
     cgroups._enable_controllers(str(fake_v2))
-    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+pids +cpu"
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "cpuset memory pids cpu\n"
 
 
 def test_enable_controllers_noop_when_enabled(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +243,7 @@ def test_enable_controllers_moves_processes_into_a_leaf_on_ebusy(fake_v2: Path,
         if rel == "cgroup.subtree_control":
             if procs.read_text().split():
                 raise OSError(errno.EBUSY, "Device or resource busy")
-            Path(path).write_text(value)
+            Path(path).write_text(" ".join(tok[1:] for tok in value.split()))
         elif rel.endswith("cgroup.procs"):  # a move: out of the parent, into the leaf
             procs.write_text("".join(f"{p}\n" for p in procs.read_text().split() if p != value))
             with open(path, "a") as f:
@@ -235,7 +256,7 @@ def test_enable_controllers_moves_processes_into_a_leaf_on_ebusy(fake_v2: Path,
                    (f"{leaf}/cgroup.procs", "101"), (f"{leaf}/cgroup.procs", "202"),
                    ("cgroup.subtree_control", "+memory +pids +cpu")]
     assert (fake_v2 / leaf / "cgroup.procs").read_text().split() == ["101", "202"]
-    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (fake_v2 / "cgroup.subtree_control").read_text().split() == ["memory", "pids", "cpu"]
 
 
 def test_enable_controllers_gives_up_on_persistent_ebusy(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,7 +294,7 @@ def test_detect_v2_enables_controllers(fake_v2: Path, monkeypatch: pytest.Monkey
     _fake_mounts(monkeypatch, [(str(fake_v2), "cgroup2", "rw")])
     b = cgroups._detect()
     assert isinstance(b, V2Backend) and b.parent == str(fake_v2)
-    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (fake_v2 / "cgroup.subtree_control").read_text().split() == ["memory", "pids", "cpu"]
 
 
 def test_detect_v2_without_memory_pids_says_so(fake_v2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,14 +366,15 @@ def test_v1_real_limits_stats_kill_remove() -> None:
         if cg._file("cpu.cfs_quota_us"):
             assert Path(cg._file("cpu.cfs_quota_us") or "").read_text().strip() == "50000"
         # A process that joined every hierarchy (as the child does through the passed fds).
-        r, w = os.pipe()
-        victim = subprocess.Popen([sys.executable, "-c", "import os,time; os.read(0,1); b = b'x' * (8 << 20); time.sleep(60)"],
-                                  stdin=r)
-        os.close(r)
+        victim = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time; sys.stdin.read(1); b = b'x' * (8 << 20); print(len(b), "
+             "flush=True); time.sleep(60)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         for f in cg.procs_files:
             cgroups._write(f, str(victim.pid))
-        os.write(w, b"x")
-        os.close(w)
+        assert victim.stdin and victim.stdout
+        victim.stdin.write(b"x")
+        victim.stdin.flush()
+        assert victim.stdout.readline()  # allocated after joining: charged to the cgroup
         assert cg.pids() == [victim.pid]
         s = cg.stats()
         assert s.peak_memory > 0 and s.cpu_user_s is not None

@@ -1,8 +1,8 @@
 """Per-run cgroups, parent side: v2, v1, or none.
 
 The supervisor creates `sandboxrun-<owner pid>-<n>` before the child starts, sets
-its limits, and hands the child open `cgroup.procs` fds: the child joins by
-writing "0" before it forks anything, so every descendant is counted. After the
+its limits, and moves the child in while the child builds its filesystem; the
+child waits for that before it forks anything, so every descendant is counted. After the
 run the supervisor reads usage (peak memory, OOM kills, CPU), kills whatever is
 left (cgroup.kill on v2, freeze + SIGKILL on v1) and removes the directory.
 
@@ -110,8 +110,10 @@ class RunCgroup:
     dirs: list[str]  # one per hierarchy (v1) or one (v2)
     procs_files: list[str] = field(default_factory=list)
 
-    def open_procs(self) -> list[int]:
-        return [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in self.procs_files]
+    def add(self, pid: int) -> None:
+        """Move a process (all its threads) into the cgroup, in every hierarchy."""
+        for p in self.procs_files:
+            _write(p, str(pid))
 
     def _file(self, name: str) -> str | None:
         for d in self.dirs:

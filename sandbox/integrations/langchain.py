@@ -1,0 +1,101 @@
+"""LangChain: `SandboxTool`, a BaseTool that runs shell commands through the sandbox.
+
+Needs the optional extra (`pip install 'sandboxrun[langchain]'`).
+
+    from sandbox.integrations.langchain import SandboxTool
+    tool = SandboxTool(profile="strict", workspace="/srv/agent-work")
+    tool.invoke({"command": "ls -la"})                  # -> compact text for the model
+    msg = tool.invoke({"name": "run_command", "args": {"command": "ls"},
+                       "id": "call_1", "type": "tool_call"})   # -> ToolMessage
+    msg.artifact                                        # -> the full Result as a dict
+
+The text the model reads leads with what an agent needs to decide its next step:
+the exit code and why the run ended, then stdout and stderr (each cut to
+`max_output_chars`, the cut said out loud). Bad input (a timeout above the
+profile's maximum, say) comes back as an error message the model can correct,
+not as an exception in the agent loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from langchain_core.tools import BaseTool, ToolException
+from pydantic import BaseModel, Field
+
+from ..errors import SandboxError
+
+
+class SandboxInput(BaseModel):
+    command: str = Field(description="Shell command line to run with /bin/sh -c inside the sandbox, "
+                                     "e.g. 'python3 -c \"print(1+1)\"' or 'ls -la | head'")
+    timeout: float | None = Field(default=None, description="Wall-clock limit in seconds (default: the "
+                                                            "profile's, 30 in strict); the whole process tree is "
+                                                            "killed when it runs out")
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
+
+
+def format_result(res: Any, max_chars: int = 20000) -> str:
+    """A Result as the short text an agent reads."""
+    if res.status == "blocked":
+        return f"blocked: nothing ran. {res.block_reason}"
+    if res.status == "setup_error":
+        return f"sandbox error: nothing ran. {res.error}"
+    code = res.exit_code if res.exit_code >= 0 else "none (it did not exit on its own)"
+    head = f"exit code: {code}\nstatus: {res.status}"
+    if res.status not in ("ok", "nonzero_exit") and res.error:
+        head += f" ({res.error})"
+    elif res.signal:
+        head += f" ({res.signal})"
+    parts = [head]
+    for name, body, truncated, total in (("stdout", res.stdout, res.stdout_truncated, res.stdout_bytes),
+                                         ("stderr", res.stderr, res.stderr_truncated, res.stderr_bytes)):
+        if not body and not truncated:
+            continue
+        note = f" (truncated by the sandbox: {total} bytes produced)" if truncated else ""
+        parts.append(f"{name}{note}:\n{_cut(body, max_chars).rstrip(chr(10))}")
+    if len(parts) == 1:
+        parts.append("(no output)")
+    return "\n".join(parts)
+
+
+class SandboxTool(BaseTool):
+    """Run shell commands in a hardened sandbox (see sandboxrun's profiles)."""
+
+    name: str = "run_command"
+    description: str = (
+        "Run a shell command in an isolated Linux sandbox and get its exit code, status and output. "
+        "No network, read-only system files, a private writable working directory, limits on time and "
+        "memory. Python 3 (standard library) and the usual command-line tools are available.")
+    args_schema: type[BaseModel] = SandboxInput
+    response_format: str = "content_and_artifact"  # the model reads text; the Result rides as artifact
+    handle_tool_error: bool = True  # bad input becomes a message the model can fix
+
+    profile: Any = "strict"  # profile name, TOML path, or sandbox.Profile
+    workspace: str | None = None  # host directory bound read-write as the workdir (None: fresh per run)
+    max_output_chars: int = 20000
+    run_options: dict[str, Any] = Field(default_factory=dict)  # more sandbox.run overrides (memory, env, ...)
+
+    def _run(self, command: str, timeout: float | None = None, run_manager: Any = None,
+             **_: Any) -> tuple[str, dict[str, Any]]:
+        from .. import run
+
+        try:
+            res = run(command, shell=True, profile=self.profile, cwd=self.workspace, timeout=timeout,
+                      **self.run_options)
+        except SandboxError as e:
+            raise ToolException(f"error: {e}") from None
+        return format_result(res, self.max_output_chars), res.to_dict()
+
+    async def _arun(self, command: str, timeout: float | None = None, run_manager: Any = None,
+                    **_: Any) -> tuple[str, dict[str, Any]]:
+        return await asyncio.to_thread(self._run, command, timeout)
+
+
+__all__ = ["SandboxTool", "SandboxInput", "format_result"]

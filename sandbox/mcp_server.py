@@ -1,0 +1,373 @@
+"""`sandboxrun mcp`: the sandbox as Model Context Protocol tools, over stdio.
+
+Needs the optional extra (`pip install 'sandboxrun[mcp]'`); the core never imports
+it. The profile and the workspace are fixed by the server's command line, never
+chosen by the model: every run uses `--profile`, and `--workspace DIR` is bound
+read-write at the profile's workdir (/work in `strict`); without it each run gets
+a fresh empty workdir and nothing persists between calls.
+
+Tools return the structured Result. Failures of the sandbox itself (bad
+arguments, a command refused by the first-line filter, a sandbox that could not
+be set up) are tool errors (isError) whose text is the reason; what the command
+does (non-zero exit, timeout, memory limit) is a normal result with its status.
+Works with mcp 1.x (`FastMCP`) and 2.x (`MCPServer`).
+"""
+
+# No `from __future__ import annotations`: the tool signatures inside build_server() use
+# local Annotated aliases that the SDK must be able to evaluate.
+import functools
+import os
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from .errors import InputError, SandboxError
+from .profile import Profile
+
+INSTRUCTIONS = """Run shell commands and Python code in a hardened Linux sandbox (profile {profile}).
+Each run starts from a clean process tree with no network beyond its own loopback, read-only system
+directories, and limits on time, memory, processes and output. The working directory inside is {workdir};
+{workspace}. Use run_command for shell commands, run_python for Python, check_command to ask whether the
+first-line filter would refuse a command, and start/poll/log/write/send_keys/kill/remove for long-running or
+interactive background processes."""
+
+
+def _imports() -> tuple[Any, type[Exception], Any]:
+    """(server class, ToolError, Field) for whichever mcp SDK is installed."""
+    try:
+        from pydantic import Field
+    except ImportError as e:  # pragma: no cover - pydantic comes with mcp
+        raise SandboxError(f"the MCP server needs pydantic: {e}") from None
+    try:
+        from mcp.server.mcpserver import MCPServer  # mcp >= 2
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        return MCPServer, ToolError, Field
+    except ImportError:
+        pass
+    try:
+        from mcp.server.fastmcp import FastMCP  # mcp 1.x
+        from mcp.server.fastmcp.exceptions import ToolError
+    except ImportError:
+        raise SandboxError("the MCP server needs the mcp package: pip install 'sandboxrun[mcp]'") from None
+    return FastMCP, ToolError, Field
+
+
+def _plain(obj: Any) -> Any:
+    """A session object or value as JSON-ready data."""
+    import dataclasses
+
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, bytes):
+        return obj.decode(errors="replace")
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _as_result(obj: Any, key: str = "value") -> dict[str, Any]:
+    data = _plain(obj)
+    return data if isinstance(data, dict) else {key: data}
+
+
+class Tools:
+    """The tool implementations (synchronous; the server runs them in worker threads)."""
+
+    def __init__(self, profile: Profile, workspace: str | None, tool_error: type[Exception]) -> None:
+        self.profile = profile
+        self.workspace = workspace
+        self.ToolError = tool_error
+        self.started: list[str] = []  # background sessions this server started (killed on exit)
+
+    # -- helpers
+
+    def _fail(self, message: str) -> Exception:
+        return self.ToolError(message)
+
+    def _kw(self, timeout: float | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"profile": self.profile, "cwd": self.workspace}
+        if timeout is not None:
+            kw["timeout"] = timeout
+        return kw
+
+    def _checked(self, res: Any) -> dict[str, Any]:
+        if res.status == "blocked":
+            raise self._fail(f"blocked by the sandbox's first-line filter: {res.block_reason}")
+        if res.status == "setup_error":
+            raise self._fail(f"the sandbox could not be set up: {res.error}")
+        return res.to_dict()
+
+    def _call(self, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except SandboxError as e:
+            raise self._fail(str(e)) from None
+
+    def _script(self, script: str) -> str:
+        if self.workspace is None:
+            raise self._fail("script: this server has no --workspace; pass the source as `code` instead")
+        path = os.path.realpath(os.path.join(self.workspace, script))
+        if path != self.workspace and not path.startswith(self.workspace + os.sep):
+            raise self._fail(f"script: {script!r} is outside the workspace")
+        return path
+
+    # -- foreground
+
+    def run_command(self, command: str, timeout: float | None = None, stdin: str | None = None,
+                    env: dict[str, str] | None = None) -> dict[str, Any]:
+        from .supervisor import run
+
+        return self._checked(self._call(run, command, shell=True, stdin=stdin, env=env, **self._kw(timeout)))
+
+    def run_python(self, code: str | None = None, script: str | None = None, args: list[Any] | None = None,
+                   function: str | None = None, statement: str | None = None, timeout: float | None = None,
+                   stdin: str | None = None) -> dict[str, Any]:
+        from .coderunner import run_code, run_python
+
+        if (code is None) == (script is None):
+            raise self._fail("give exactly one of `code` (Python source) or `script` (a file in the workspace)")
+        kw = self._kw(timeout)
+        if code is not None:
+            if function is not None or statement is not None:
+                raise self._fail("function and statement apply to a `script`, not to `code`")
+            bad = [a for a in args or () if not isinstance(a, str)]
+            if bad:
+                raise self._fail("args: with `code`, arguments must be strings (they become sys.argv[1:])")
+            return self._checked(self._call(run_code, code, args or [], stdin=stdin, **kw))
+        path = self._script(script or "")
+        return self._checked(self._call(run_python, path, args or [], function=function, statement=statement,
+                                        stdin=stdin, **kw))
+
+    def check_command(self, command: str) -> dict[str, Any]:
+        from .filter import check
+
+        p = self.profile
+        v = self._call(check, command, blocklist=p.blocklist, extra_block=p.block, allow=p.allow)
+        return {"allowed": v.allowed, "rule": v.rule, "reason": v.reason, "profile": p.name}
+
+    # -- background sessions (sandbox/sessions.py)
+
+    @staticmethod
+    def _sessions() -> Any:
+        try:
+            from . import sessions
+        except ImportError as e:
+            raise InputError(f"background sessions are not available: {e}") from None
+        return sessions
+
+    def _get(self, session_id: str) -> Any:
+        mod = self._sessions()
+        for name in ("get", "get_session", "attach", "open_session", "load"):
+            fn = getattr(mod, name, None)
+            if callable(fn):
+                return self._call(fn, session_id)
+        cls = getattr(mod, "Session", None)
+        for name in ("get", "open", "attach", "load"):
+            fn = getattr(cls, name, None)
+            if callable(fn):
+                return self._call(fn, session_id)
+        raise self._fail("background sessions: cannot look a session up by id in this version")
+
+    def start(self, command: str, timeout: float | None = None) -> dict[str, Any]:
+        mod = self._sessions()
+        kw = self._kw(timeout)
+        s = self._call(mod.start, command, shell=True, **kw)
+        data = _as_result(s)
+        if data.get("status") == "blocked" or data.get("status") == "setup_error":
+            raise self._fail(f"{data['status']}: {data.get('block_reason') or data.get('error')}")
+        sid = getattr(s, "id", None) or data.get("id") or data.get("session_id")
+        if sid:
+            self.started.append(str(sid))
+        return data
+
+    def list_sessions(self) -> dict[str, Any]:
+        mod = self._sessions()
+        fn = getattr(mod, "list_sessions", None) or mod.list
+        return {"sessions": _plain(self._call(fn))}
+
+    def poll(self, session_id: str) -> dict[str, Any]:
+        return _as_result(self._call(self._get(session_id).poll), "status")
+
+    def log(self, session_id: str, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
+        return _as_result(self._call(self._get(session_id).log, offset=offset, limit=limit), "output")
+
+    def write(self, session_id: str, data: str, eof: bool = False) -> dict[str, Any]:
+        return _as_result(self._call(self._get(session_id).write, data, eof=eof), "written")
+
+    def send_keys(self, session_id: str, keys: list[str]) -> dict[str, Any]:
+        return _as_result(self._call(self._get(session_id).send_keys, *keys), "sent")
+
+    def kill(self, session_id: str) -> dict[str, Any]:
+        return _as_result(self._call(self._get(session_id).kill), "killed")
+
+    def remove(self, session_id: str) -> dict[str, Any]:
+        out = _as_result(self._call(self._get(session_id).remove), "removed")
+        if session_id in self.started:
+            self.started.remove(session_id)
+        return out
+
+    def close(self) -> None:
+        """Kill and remove the background sessions this server started and left behind."""
+        for sid in list(self.started):
+            try:
+                s = self._get(sid)
+                s.kill()
+                s.remove()
+            except Exception:  # noqa: BLE001 - best effort at shutdown; it may be gone already
+                pass
+        self.started.clear()
+
+
+def build_server(profile: str | Profile = "strict", workspace: str | None = None) -> tuple[Any, Tools]:
+    """The MCP server object (FastMCP/MCPServer) with every tool registered, and its Tools."""
+    import anyio.to_thread
+
+    from .profile import load
+
+    server_cls, tool_error, Field = _imports()
+    prof = profile if isinstance(profile, Profile) else load(profile)
+    ws = _workspace(workspace)
+    tools = Tools(prof, ws, tool_error)
+    inside = prof.workdir if prof.workdir != "same" else (ws or "a fresh directory")
+    where = (f"it is the server's workspace, shared by every call (host directory {ws})" if ws
+             else "it is a fresh empty directory for each call; nothing persists between calls")
+    server = server_cls("sandboxrun", instructions=INSTRUCTIONS.format(profile=prof.name, workdir=inside,
+                                                                       workspace=where), log_level="WARNING")
+
+    def add(fn: Callable[..., Any], name: str, description: str) -> None:
+        import inspect
+
+        params = inspect.signature(server.add_tool).parameters
+        kw: dict[str, Any] = {"name": name, "description": description}
+        if "structured_output" in params:
+            kw["structured_output"] = True
+        server.add_tool(fn, **kw)
+
+    def threaded(method: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+        async def call(**kw: Any) -> dict[str, Any]:
+            return await anyio.to_thread.run_sync(functools.partial(method, **kw))
+
+        return call
+
+    T = Annotated  # short alias for the schemas below
+    Cmd = T[str, Field(description="Shell command line, run with /bin/sh -c inside the sandbox, e.g. 'ls -la | head'")]
+    Timeout = T[float | None, Field(description=(
+        f"Wall-clock limit in seconds (default {prof.limits.timeout or 'none'}; at most "
+        f"{prof.limits.max_timeout or 'the profile limit'}). On timeout the whole process tree is killed."))]
+    Sid = T[str, Field(description="Session id returned by start (see list)")]
+
+    async def run_command(command: Cmd, timeout: Timeout = None,
+                          stdin: T[str | None, Field(description="Text fed to the command's stdin")] = None,
+                          env: T[dict[str, str] | None, Field(description="Extra environment variables")]
+                          = None) -> dict[str, Any]:
+        return await threaded(tools.run_command)(command=command, timeout=timeout, stdin=stdin, env=env)
+
+    async def run_python(
+        code: T[str | None, Field(description="Python source to run (python3 -c CODE); "
+                                  "give this or `script`")] = None,
+        script: T[str | None, Field(description="Path of a .py file in the workspace, relative to "
+                                    "it; give this or `code`")] = None,
+        args: T[list[Any] | None, Field(description="Arguments: sys.argv[1:] for code/script "
+                                        "(strings), or the function's arguments (any JSON values)")] = None,
+        function: T[str | None, Field(description="With `script`: import it and call this function "
+                                      "with `args`; its return value comes back in return_value")] = None,
+        statement: T[str | None, Field(description="With `script`: run this statement or expression "
+                                       "in the script's namespace; an expression's value comes back in "
+                                       "return_value")] = None,
+        timeout: Timeout = None,
+        stdin: T[str | None, Field(description="Text fed to the program's stdin")] = None,
+    ) -> dict[str, Any]:
+        return await threaded(tools.run_python)(code=code, script=script, args=args, function=function,
+                                                statement=statement, timeout=timeout, stdin=stdin)
+
+    async def check_command(command: T[str, Field(description="Shell command line to check")]) -> dict[str, Any]:
+        return await threaded(tools.check_command)(command=command)
+
+    async def start(command: Cmd, timeout: Timeout = None) -> dict[str, Any]:
+        return await threaded(tools.start)(command=command, timeout=timeout)
+
+    async def list_() -> dict[str, Any]:
+        return await threaded(tools.list_sessions)()
+
+    async def poll(session_id: Sid) -> dict[str, Any]:
+        return await threaded(tools.poll)(session_id=session_id)
+
+    async def log(session_id: Sid,
+                  offset: T[int | None, Field(description="Byte offset to read from (default: "
+                                              "where the last log call stopped)")] = None,
+                  limit: T[int | None, Field(description="At most this many bytes")] = None,
+                  ) -> dict[str, Any]:
+        return await threaded(tools.log)(session_id=session_id, offset=offset, limit=limit)
+
+    async def write(session_id: Sid, data: T[str, Field(description="Text to write to the session's stdin "
+                                                        "(include '\\n' to end a line)")],
+                    eof: T[bool, Field(description="Close stdin after writing")] = False,
+                    ) -> dict[str, Any]:
+        return await threaded(tools.write)(session_id=session_id, data=data, eof=eof)
+
+    async def send_keys(session_id: Sid, keys: T[list[str], Field(description="Key names or text, in order, e.g. "
+                                                                  "['ls', 'Enter'] or ['C-c']")]) -> dict[str, Any]:
+        return await threaded(tools.send_keys)(session_id=session_id, keys=keys)
+
+    async def kill(session_id: Sid) -> dict[str, Any]:
+        return await threaded(tools.kill)(session_id=session_id)
+
+    async def remove(session_id: Sid) -> dict[str, Any]:
+        return await threaded(tools.remove)(session_id=session_id)
+
+    add(run_command, "run_command", "Run a shell command in the sandbox and wait for it. Returns the Result: "
+        "status (ok, nonzero_exit, timeout, memory_limit, ...), exit_code, stdout, stderr, duration_ms, usage.")
+    add(run_python, "run_python", "Run Python 3 (standard library only) in the sandbox: inline `code`, or a "
+        "`script` from the workspace, optionally one `function` of it or one `statement`. Returns the Result, "
+        "plus return_value/return_type for a function or expression.")
+    add(check_command, "check_command", "Ask whether the sandbox's first-line filter would refuse a command "
+        "line, without running it. Returns allowed, rule and reason.")
+    add(start, "start", "Start a command in the background (for servers, long jobs, interactive programs). "
+        "Returns the session with its id; then use poll, log, write, send_keys, kill, remove.")
+    add(list_, "list", "List background sessions with their status.")
+    add(poll, "poll", "Status of a background session: running or how it ended (the Result when finished).")
+    add(log, "log", "Read a background session's output from an offset.")
+    add(write, "write", "Write text to a background session's stdin.")
+    add(send_keys, "send_keys", "Send key presses (Enter, C-c, Up, ...) or text to a background session.")
+    add(kill, "kill", "Stop a background session (SIGTERM to its whole sandbox, then SIGKILL).")
+    add(remove, "remove", "Forget a finished background session and delete its log.")
+    return server, tools
+
+
+def _workspace(workspace: str | None) -> str | None:
+    if workspace is None:
+        return None
+    if "\0" in workspace:
+        raise InputError("--workspace contains a NUL byte")
+    path = os.path.realpath(workspace)
+    if not os.path.isdir(path):
+        raise InputError(f"--workspace: no such directory: {workspace}")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    from .cli import _Parser
+
+    p = _Parser(prog="sandboxrun mcp", usage="sandboxrun mcp [--profile P] [--workspace DIR]",
+                description="Serve the sandbox as MCP tools over stdio (needs: pip install 'sandboxrun[mcp]').")
+    p.add_argument("--profile", "-p", default="strict", help="profile for every run (default: strict)")
+    p.add_argument("--workspace", "-w", metavar="DIR",
+                   help="host directory bound read-write as the workdir of every run (default: a fresh one each run)")
+    p.add_argument("--debug", action="store_true", help="log at DEBUG level on stderr")
+    ns = p.parse_args(argv)
+    server, tools = build_server(ns.profile, ns.workspace)
+    if ns.debug:
+        import logging
+
+        logging.getLogger().setLevel(logging.DEBUG)
+    try:
+        server.run("stdio")  # stdout is the protocol channel: nothing else may print there
+    except KeyboardInterrupt:
+        pass
+    finally:
+        tools.close()
+    return 0

@@ -1,0 +1,389 @@
+"""The per-session monitor: `python -m sandbox.monitor SESSION_DIR READY_FD`.
+
+Started by sessions.start() in the role conmon plays for podman. It detaches (one
+fork: the starter reaps the first process at once, so no zombie is left in a
+long-lived caller), forks the sandbox while still single-threaded (DirectForker:
+unshare and fork need that), and only then starts threads: the control socket
+server and its per-connection handlers. The supervisor's loop runs in the main
+thread and pumps the sandbox's output into the session's capped logs.
+
+When the run ends it writes result.json, then meta.json (state "exited"), and exits.
+If the monitor is killed, the sandbox's init gets SIGKILL (PR_SET_PDEATHSIG), its pid
+namespace dies with it, and readers report the session as "lost". SIGTERM/SIGINT
+to the monitor kill the sandbox the orderly way (and the Result is still written).
+
+Control protocol: one JSON line per connection, one JSON line back ({"ok": ...}).
+  write {data: base64}   to the stdin pipe or the terminal (bounded wait if it is full)
+  eof                    close stdin (a terminal gets its VEOF character, ^D)
+  resize {cols, rows}    TIOCSWINSZ on the terminal (the program gets SIGWINCH)
+  kill {grace?}          SIGTERM to the init (it forwards to all), SIGKILL after the grace
+  wait                   answered once the Result is on disk
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import struct
+import sys
+import termios
+import threading
+import time
+import traceback
+from typing import Any
+
+from .output import CHUNK, Capture
+from .result import Result
+from .sessions import CappedLog, profile_from_json, proc_starttime, read_json, read_log, write_json
+
+WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
+MAX_REQUEST = 48 << 20
+
+
+class _Refused(Exception):
+    """A control request that cannot be done; its message goes back to the client."""
+
+
+class _StreamAll(Capture):
+    """Every byte goes to the logs (the session's record); nothing is kept in memory.
+
+    The supervisor's own Capture keeps up to limits.output bytes and stops calling
+    on_data past that cap, which suits a foreground run but would silence a server's
+    log after 1 MiB: the monitor swaps it in (see the report about a Request flag)."""
+
+    @property
+    def truncated(self) -> bool:
+        return False
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.on_data is not None:
+            self.on_data(chunk)
+
+    def read_from(self, fd: int) -> bool:
+        try:
+            chunk = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:  # EIO: every holder of the terminal's slave side is gone
+            return False
+        if not chunk:
+            return False
+        self.feed(chunk)
+        return True
+
+
+def _winsize(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Monitor:
+    def __init__(self, sdir: str, ready_fd: int) -> None:
+        self.sdir = sdir
+        self.ready_fd = ready_fd
+        self.meta: dict[str, Any] = read_json(self._p("meta.json")) or {}
+        self.req: dict[str, Any] = read_json(self._p("request.json")) or {}
+        self.sid = os.path.basename(sdir)
+        self.prof: Any = None
+        self.logs: dict[str, CappedLog] = {}
+        self.pidfd: int | None = None
+        self.master: int | None = None
+        self.slave: int | None = None
+        self.stdin_r: int | None = None
+        self.stdin_w: int | None = None
+        self.stdin_note = "stdin was closed (eof)"
+        self.sock: socket.socket | None = None
+        self.killed = False
+        self.kill_requested = False
+        self.ended = threading.Event()
+        self._meta_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._kill_lock = threading.Lock()
+
+    def _p(self, name: str) -> str:
+        return os.path.join(self.sdir, name)
+
+    def _set_meta(self, **kw: Any) -> None:
+        with self._meta_lock:
+            self.meta.update(kw)
+            write_json(self._p("meta.json"), self.meta)
+
+    def _ready(self, status: bytes) -> None:
+        if self.ready_fd >= 0:
+            try:
+                os.write(self.ready_fd, status)
+            except OSError:
+                pass
+            os.close(self.ready_fd)
+            self.ready_fd = -1
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> None:
+        from . import supervisor
+
+        if not self.req or not self.meta:
+            raise RuntimeError(f"{self.sdir}: request.json or meta.json missing")
+        token = secrets.token_hex(8)
+        self._set_meta(monitor_pid=os.getpid(), monitor_start=proc_starttime(os.getpid()), log_token=token)
+        self.prof = prof = profile_from_json(self.req["profile"])
+        supervisor.use_direct_forker()  # fork from here, while this process has one thread
+        pty = bool(self.req.get("pty"))
+        cap = prof.limits.log_size
+        self.logs["output"] = CappedLog(self._p("output.log"), cap, token)
+        if pty:
+            self.master, self.slave = os.openpty()
+            _winsize(self.master, int(self.req.get("cols", 80)), int(self.req.get("rows", 24)))
+            os.set_blocking(self.master, False)
+        else:
+            self.logs["stdout"] = CappedLog(self._p("stdout.log"), cap, token)
+            self.logs["stderr"] = CappedLog(self._p("stderr.log"), cap, token)
+            if self.req.get("stdin_file"):
+                self.stdin_r = os.open(self.req["stdin_file"], os.O_RDONLY | os.O_CLOEXEC)
+                self.stdin_note = "its stdin is a file (stdin/stdin_file at start)"
+            else:
+                self.stdin_r, self.stdin_w = os.pipe2(os.O_CLOEXEC)
+                os.set_blocking(self.stdin_w, False)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.bind("ctl.sock")  # relative: our cwd is the session folder (sun_path is short)
+        os.chmod("ctl.sock", 0o600)
+        self.sock.listen(16)
+        supervisor.Capture = _StreamAll  # type: ignore[misc]
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        request = supervisor.Request(
+            argv=list(self.req["argv"]), profile=prof, cwd=self.req.get("cwd"), env=dict(self.req.get("env", {})),
+            stdin_fd=self.stdin_r, on_stdout=self._on_stdout, on_stderr=self._on_stderr,
+            trace=bool(self.req.get("trace")), pty_fd=self.slave, pty_master=self.master,
+            on_started=self._started,
+        )
+        self._finish(supervisor.execute(request))
+
+    def _on_stdout(self, data: bytes) -> None:
+        if "stdout" in self.logs:
+            self.logs["stdout"].append(data)
+        self.logs["output"].append(data)
+
+    def _on_stderr(self, data: bytes) -> None:
+        if "stderr" in self.logs:
+            self.logs["stderr"].append(data)
+        self.logs["output"].append(data)
+
+    def _started(self, pid: int) -> None:
+        """The sandbox is forked: from here on threads are safe."""
+        self.pidfd = os.pidfd_open(pid)
+        for name in ("slave", "stdin_r"):  # only the sandbox may hold these now
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+        self._set_meta(state="running", pid=pid, started_at=time.time())
+        threading.Thread(target=self._serve, daemon=True).start()
+        self._ready(b"R")
+        if self.kill_requested:
+            threading.Thread(target=self._kill, daemon=True).start()
+
+    def _finish(self, res: Result) -> None:
+        lim = self.prof.limits
+        for stream in ("stdout", "stderr"):
+            log = self.logs.get(stream) or (self.logs["output"] if stream == "stdout" else None)
+            tail, total = b"", 0
+            if log is not None:
+                tail, total = read_log(log.path, log.token)[1][-lim.output:], log.total
+            setattr(res, stream, tail.decode(errors="replace"))
+            setattr(res, f"{stream}_bytes", total)
+            setattr(res, f"{stream}_truncated", total > len(tail))
+        res.session_id = self.sid
+        if self.killed and not res.error:
+            res.error = "killed on request"
+        d = res.to_dict()
+        d["killed"] = self.killed
+        write_json(self._p("result.json"), d)
+        self._set_meta(state="exited", ended_at=time.time(), status=res.status, exit_code=res.exit_code)
+        self._close()
+
+    def fail(self, message: str) -> None:
+        """The monitor itself failed: record a setup_error so callers are not left guessing."""
+        if os.path.exists(self._p("result.json")):
+            return
+        res = Result(command=list(self.req.get("argv", [])), status="setup_error", error=f"monitor: {message}",
+                     error_step="monitor", session_id=self.sid, profile=self.meta.get("profile", ""),
+                     stderr=f"sandboxrun: session monitor failed: {message}\n")
+        try:
+            write_json(self._p("result.json"), res.to_dict())
+            self._set_meta(state="exited", ended_at=time.time(), status=res.status, exit_code=res.exit_code)
+        except OSError:
+            pass
+        self._close()
+
+    def _close(self) -> None:
+        self.ended.set()
+        self._ready(b"E")  # it ended before it ran (the starter reads the result)
+        if self.sock is not None:
+            try:
+                os.unlink(self._p("ctl.sock"))
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------ control
+
+    def _on_signal(self, _sig: int, _frame: object) -> None:
+        self.killed = True
+        if self.pidfd is None:
+            self.kill_requested = True
+        else:
+            threading.Thread(target=self._kill, daemon=True).start()
+
+    def _send(self, sig: int) -> None:
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            except OSError:
+                pass  # already gone (a pidfd never reaches a recycled pid)
+
+    def _kill(self, grace: float | None = None) -> None:
+        self.killed = True
+        if self.pidfd is None:
+            self.kill_requested = True
+            return
+        if grace is None:
+            grace = self.prof.limits.kill_grace
+        with self._kill_lock:
+            self._send(signal.SIGTERM)  # the init forwards it to every process in the sandbox
+            done, _, _ = select.select([self.pidfd], [], [], max(0.0, grace))
+            if not done:
+                self._send(signal.SIGKILL)  # the pid namespace dies with its init
+
+    def _serve(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                _pid, uid, _gid = struct.unpack("3i", cred)
+                if uid not in (0, os.geteuid()):
+                    raise _Refused("permission denied")
+                conn.settimeout(30)
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        return
+                    buf += chunk
+                    if len(buf) > MAX_REQUEST:
+                        raise _Refused("request too large (at most 32 MiB of data per write)")
+                conn.settimeout(None)
+                reply = self._dispatch(json.loads(buf))
+            except _Refused as e:
+                reply = {"ok": False, "error": str(e)}
+            except Exception as e:  # noqa: BLE001 - a bad request must not end the monitor
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            try:
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                pass
+
+    def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "write":
+            return {"ok": True, "written": self._write(base64.b64decode(req.get("data", ""), validate=True))}
+        if op == "eof":
+            self._eof()
+        elif op == "resize":
+            cols, rows = req.get("cols"), req.get("rows")
+            if self.master is None:
+                raise _Refused("the session has no terminal")
+            if not all(isinstance(v, int) and 1 <= v <= 10000 for v in (cols, rows)):
+                raise _Refused("cols and rows must be whole numbers from 1 to 10000")
+            _winsize(self.master, cols, rows)
+            self._set_meta(cols=cols, rows=rows)
+        elif op == "kill":
+            grace = req.get("grace")
+            if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
+                raise _Refused("grace must be seconds >= 0")
+            self._kill(grace)
+        elif op == "wait":
+            self.ended.wait()
+        elif op != "status":
+            raise _Refused(f"unknown request {op!r}")
+        return {"ok": True, "pid": self.meta.get("pid")}
+
+    def _write(self, data: bytes) -> int:
+        with self._write_lock:
+            fd = self.master if self.master is not None else self.stdin_w
+            if fd is None:
+                raise _Refused(f"cannot write: {self.stdin_note}")
+            view = memoryview(data)
+            deadline = time.monotonic() + WRITE_TIMEOUT
+            written = 0
+            while view:
+                try:
+                    n = os.write(fd, view[:65536])
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _Refused(f"the command is not reading its input ({written} of {len(data)} "
+                                       "bytes written)") from None
+                    select.select([], [fd], [], min(left, 0.5))
+                    continue
+                except OSError as e:  # EPIPE / EIO: nobody reads the other end any more
+                    raise _Refused(f"the command's input is closed ({written} of {len(data)} bytes written; "
+                                   f"{e.strerror})") from None
+                view = view[n:]
+                written += n
+            return written
+
+    def _eof(self) -> None:
+        if self.master is not None:
+            try:
+                veof = termios.tcgetattr(self.master)[6][termios.VEOF]
+            except (termios.error, IndexError):
+                veof = b"\x04"
+            self._write(veof if isinstance(veof, bytes) else bytes([veof]))
+            return
+        with self._write_lock:
+            if self.stdin_w is not None:
+                os.close(self.stdin_w)
+                self.stdin_w = None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m sandbox.monitor SESSION_DIR READY_FD (started by sandboxrun start)", file=sys.stderr)
+        return 2
+    sdir, ready_fd = os.path.abspath(argv[0]), int(argv[1])
+    if os.fork():
+        os._exit(0)  # the starter reaps this one; the monitor goes on, reparented
+    os.umask(0o077)
+    os.set_inheritable(ready_fd, False)
+    mon = Monitor(sdir, ready_fd)
+    code = 0
+    try:
+        mon.run()
+    except BaseException as e:  # noqa: BLE001 - record it in the session, then go
+        traceback.print_exc()
+        mon.fail(f"{type(e).__name__}: {e}")
+        code = 1
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1012 @@
+"""Background sessions: sandboxed runs that outlive the caller.
+
+Each session is a folder in the state directory, owned by a small monitor process
+(`sandbox/monitor.py`, the conmon pattern of podman) that forks the sandbox, keeps
+its stdin pipe or terminal, writes its output to capped logs and records its Result.
+Every file is plain data on disk, so any later process (CLI, library, server) can
+find, read and drive a session; the monitor's control socket does the rest.
+
+    <state>/<id>/
+      request.json   what the starter asked for (resolved profile, argv, env, cwd, pty)
+      meta.json      id, name, command, pids, state; replaced atomically
+      output.log     both streams in arrival order (a terminal's only stream)
+      stdout.log     \\ each capped at the profile's limits.log_size: the oldest bytes are
+      stderr.log     / dropped and a marker line at the top counts them
+      result.json    the final Result, once it ended
+      ctl.sock       the monitor's control socket (write, eof, resize, kill, wait)
+      poll.offset    where `poll` stopped reading, shared by every caller (flock)
+      monitor.log    the monitor's own errors
+      sandboxrun-*/  the run's fresh workdir (TMPDIR of the monitor), so nothing leaks
+
+States: starting -> running -> exited, or lost when the monitor died without a
+Result (the sandbox died with it: its init has PR_SET_PDEATHSIG(SIGKILL)).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EXIT_SANDBOX, InputError, SandboxError
+from .result import Result
+
+TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
+START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure) within this
+LOG_MIN = 1024
+TAIL_BYTES = 16384  # output shown by run_or_yield when a run becomes a session
+DEFAULT_LOG_LINES = 200
+ID_RE = re.compile(r"^[0-9a-f]{8}$")
+_STREAMS = ("stdout", "stderr")
+
+
+class SessionBlocked(SandboxError):
+    """The first-line filter refused the command; nothing was started."""
+
+    exit_code = EXIT_SANDBOX
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(f"blocked: {result.block_reason}")
+        self.result = result
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def state_dir() -> str:
+    """The state directory, created 0700 and checked: a real directory owned by us."""
+    path = os.environ.get("SANDBOXRUN_STATE_DIR", "")
+    if not path:
+        if os.geteuid() == 0:
+            path = "/run/sandboxrun"
+        elif os.path.isabs(os.environ.get("XDG_RUNTIME_DIR", "")):
+            path = os.path.join(os.environ["XDG_RUNTIME_DIR"], "sandboxrun")
+        else:
+            path = f"/tmp/sandboxrun-{os.geteuid()}"
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise SandboxError(f"state directory {path}: {e.strerror} (set SANDBOXRUN_STATE_DIR)") from None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise SandboxError(f"state directory {path}: not a directory (a symlink?)")
+    if st.st_uid != os.geteuid():
+        raise SandboxError(f"state directory {path}: owned by uid {st.st_uid}, not by you "
+                           f"(uid {os.geteuid()}); set SANDBOXRUN_STATE_DIR")
+    return path
+
+
+def session_ttl() -> float:
+    """Seconds a finished session is kept: SANDBOXRUN_SESSION_TTL, clamped to 1 min..3 h."""
+    raw = os.environ.get("SANDBOXRUN_SESSION_TTL", "")
+    try:
+        ttl = float(raw) if raw else TTL_DEFAULT
+    except ValueError:
+        raise InputError(f"SANDBOXRUN_SESSION_TTL={raw!r}: expected seconds") from None
+    return min(max(ttl, TTL_MIN), TTL_MAX)
+
+
+def write_json(path: str, data: Any) -> None:
+    """Atomically replace `path` (0600, never through a symlink)."""
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_bytes(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    data = read_bytes(path)
+    if not data:
+        return None
+    try:
+        out = json.loads(data)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def proc_starttime(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks); None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2:].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: Any, start: Any) -> bool:
+    return isinstance(pid, int) and pid > 0 and proc_starttime(pid) == start
+
+
+def _rmtree(path: str) -> None:
+    def onerror(_f: object, p: str, _e: object) -> None:
+        try:  # a directory the sandbox made unreadable
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- capped logs
+
+
+def log_marker(token: str, dropped: int) -> bytes:
+    return f"[sandboxrun:{token}: {dropped} earlier bytes dropped]\n".encode()
+
+
+class CappedLog:
+    """An append-only log kept under `cap` bytes (used by the monitor, one writer).
+
+    Past the cap the file is rewritten (temp file + rename, so readers see either
+    version whole) with the newest half kept, cut at a line start where one is near,
+    under a marker line that counts every byte dropped so far. The marker carries a
+    per-session token the sandboxed program cannot know, so it cannot forge one.
+    """
+
+    def __init__(self, path: str, cap: int, token: str) -> None:
+        self.path, self.cap, self.token = path, max(cap, LOG_MIN), token
+        self.dropped = 0
+        self.header = 0  # length of the marker line at the top
+        self.size = 0
+        self.total = 0
+        self.fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def append(self, data: bytes) -> None:
+        if not data:
+            return
+        self.total += len(data)
+        if self.size + len(data) > self.cap:
+            self._compact(data)
+            return
+        _write_all(self.fd, data)
+        self.size += len(data)
+
+    def _compact(self, data: bytes) -> None:
+        old = read_bytes(self.path) or b""
+        body = old[self.header:] + data
+        keep = self.cap // 2
+        cut = len(body) - keep
+        nl = body.find(b"\n", cut, cut + keep // 4)
+        if nl >= 0:
+            cut = nl + 1
+        self.dropped += cut
+        marker = log_marker(self.token, self.dropped)
+        tmp = f"{self.path}.tmp"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, marker + body[cut:])
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        os.close(self.fd)
+        self.fd = self._open()
+        self.header, self.size = len(marker), len(marker) + len(body) - cut
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_log(path: str, token: str) -> tuple[int, bytes]:
+    """(bytes dropped before the kept part, the kept bytes) of a capped log."""
+    data = read_bytes(path) or b""
+    prefix = f"[sandboxrun:{token}: ".encode()
+    if token and data.startswith(prefix):
+        end = data.find(b"\n")
+        num = data[len(prefix):end].split(b" ", 1)[0]
+        if end > 0 and num.isdigit():
+            return int(num), data[end + 1:]
+    return 0, data
+
+
+def _incomplete_utf8(data: bytes) -> int:
+    """How many bytes at the end start a UTF-8 sequence that is not complete yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return 0
+        if b >= 0xC0:
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return back if back < need else 0
+    return 0
+
+
+# ---------------------------------------------------------------------------- profile as data
+
+
+def profile_to_json(prof: Any) -> dict[str, Any]:
+    return dataclasses.asdict(prof)
+
+
+def profile_from_json(d: Mapping[str, Any]) -> Any:
+    from .profile import Limits, Mount, Profile
+
+    known = {f.name for f in dataclasses.fields(Profile)}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if k not in known:
+            continue
+        if k == "limits":
+            v = Limits(**v)
+        elif k == "mounts":
+            v = tuple(Mount(**m) for m in v)
+        elif isinstance(v, list):
+            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        out[k] = v
+    return Profile(**out)
+
+
+# ---------------------------------------------------------------------------- keys
+
+_NAMED_KEYS: dict[str, bytes] = {
+    "enter": b"\r", "return": b"\r", "tab": b"\t", "btab": b"\x1b[Z", "space": b" ",
+    "escape": b"\x1b", "esc": b"\x1b", "bspace": b"\x7f", "backspace": b"\x7f",
+    "up": b"\x1b[A", "down": b"\x1b[B", "right": b"\x1b[C", "left": b"\x1b[D",
+    "home": b"\x1b[H", "end": b"\x1b[F", "pageup": b"\x1b[5~", "ppage": b"\x1b[5~",
+    "pagedown": b"\x1b[6~", "npage": b"\x1b[6~", "insert": b"\x1b[2~", "ic": b"\x1b[2~",
+    "delete": b"\x1b[3~", "dc": b"\x1b[3~",
+    "f1": b"\x1bOP", "f2": b"\x1bOQ", "f3": b"\x1bOR", "f4": b"\x1bOS", "f5": b"\x1b[15~",
+    "f6": b"\x1b[17~", "f7": b"\x1b[18~", "f8": b"\x1b[19~", "f9": b"\x1b[20~", "f10": b"\x1b[21~",
+    "f11": b"\x1b[23~", "f12": b"\x1b[24~",
+}
+_CTRL_PUNCT = {"@": 0, "space": 0, "[": 27, "\\": 28, "]": 29, "^": 30, "_": 31, "?": 127}
+
+
+def key_bytes(key: str, literal: bool = False) -> bytes:
+    """One send-keys argument: a named key (Enter, Up, F5, C-c, M-x, M-C-x; names are
+    case-insensitive) or, failing that, the text itself."""
+    if literal:
+        return key.encode()
+    if key.lower() in _NAMED_KEYS:
+        return _NAMED_KEYS[key.lower()]
+    if key.startswith("M-") and len(key) > 2:
+        return b"\x1b" + key_bytes(key[2:])
+    if key.startswith("C-") and len(key) > 2:
+        rest = key[2:]
+        if len(rest) == 1 and rest.isascii() and rest.isalpha():
+            return bytes([ord(rest.lower()) & 0x1F])
+        if rest.lower() in _CTRL_PUNCT:
+            return bytes([_CTRL_PUNCT[rest.lower()]])
+    return key.encode()
+
+
+# ---------------------------------------------------------------------------- sessions
+
+
+@dataclass
+class PollResult:
+    id: str
+    state: str
+    ended: bool
+    stdout: str
+    stderr: str
+    dropped: int = 0  # bytes that were dropped from the logs before this poll read them
+    result: Result | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["result"] = self.result.to_dict() if self.result else None
+        return d
+
+
+@dataclass
+class LogPage:
+    id: str
+    stream: str
+    lines: list[str]
+    offset: int  # index of the first line shown
+    total_lines: int
+    dropped_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hint(self) -> str | None:
+        end = self.offset + len(self.lines)
+        if self.offset == 0 and end >= self.total_lines:
+            return None
+        n = max(len(self.lines), 1)
+        parts = [f"lines {self.offset}-{max(end - 1, self.offset)} of {self.total_lines} (0-based)"]
+        if self.offset > 0:
+            parts.append(f"earlier: --offset {max(0, self.offset - n)} --limit {n}")
+        if end < self.total_lines:
+            parts.append(f"later: --offset {end} --limit {n}")
+        return "; ".join(parts)
+
+
+class Session:
+    """A handle on one session folder. Every property reads the disk afresh."""
+
+    def __init__(self, sid: str, root: str | None = None) -> None:
+        self.id = sid
+        self.dir = os.path.join(root or state_dir(), sid)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.name!r} {self.state}>"
+
+    # -- what is on disk
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return read_json(self._path("meta.json")) or {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", ""))
+
+    @property
+    def command(self) -> list[str]:
+        return list(self.meta.get("command", []))
+
+    @property
+    def pid(self) -> int | None:
+        """The sandbox init's host pid once it runs."""
+        return self.meta.get("pid")
+
+    @property
+    def pty(self) -> bool:
+        return bool(self.meta.get("pty"))
+
+    def _monitor_alive(self, m: Mapping[str, Any]) -> bool:
+        if m.get("monitor_pid"):
+            return _alive(m["monitor_pid"], m.get("monitor_start"))
+        # Not yet recorded by the monitor: alive while the starter still waits for it.
+        return _alive(m.get("starter_pid"), m.get("starter_start")) and time.time() - m.get("created", 0) < 600
+
+    @property
+    def state(self) -> str:
+        if os.path.exists(self._path("result.json")):
+            return "exited"
+        m = self.meta
+        if not m:
+            if not os.path.isdir(self.dir):
+                raise InputError(f"session {self.id} no longer exists (cleared or expired)")
+            return "lost"
+        if m.get("state") == "lost":
+            return "lost"
+        if self._monitor_alive(m):
+            return "running" if m.get("state") == "running" else "starting"
+        if os.path.exists(self._path("result.json")):  # it ended between the two reads
+            return "exited"
+        m["state"], m["ended_at"] = "lost", time.time()
+        try:
+            write_json(self._path("meta.json"), m)  # so the TTL counts from now
+        except OSError:
+            pass
+        return "lost"
+
+    @property
+    def result(self) -> Result | None:
+        """The final Result once it ended; a `lost` Result when its monitor died."""
+        d = read_json(self._path("result.json"))
+        if d is None:
+            st = self.state
+            d = read_json(self._path("result.json")) if st == "exited" else None
+            if st != "lost" and d is None:
+                return None
+        if d is not None:
+            return Result.from_dict(d)
+        m = self.meta
+        out, out_total = self._tail("stdout", 1 << 20)
+        err, err_total = self._tail("stderr", 1 << 20)
+        return Result(
+            command=self.command, status="lost", session_id=self.id, pid=m.get("pid"),
+            profile=m.get("profile", ""), stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
+            stdout_bytes=out_total, stderr_bytes=err_total, stdout_truncated=out_total > len(out),
+            stderr_truncated=err_total > len(err),
+            error="the session's monitor died (killed?); its sandbox died with it; output so far is kept",
+            duration_ms=round((m.get("ended_at", time.time()) - m.get("started_at", m.get("created", 0))) * 1000, 3),
+        )
+
+    def ended_at(self) -> float:
+        m = self.meta
+        if "ended_at" in m:
+            return float(m["ended_at"])
+        try:
+            return os.stat(self.dir).st_mtime
+        except OSError:
+            return 0.0
+
+    def info(self) -> dict[str, Any]:
+        m = self.meta
+        st = self.state
+        d = {"id": self.id, "name": m.get("name", ""), "state": st, "pid": m.get("pid"),
+             "monitor_pid": m.get("monitor_pid"), "pty": bool(m.get("pty")), "command": m.get("command", []),
+             "profile": m.get("profile", ""), "created": m.get("created"), "started_at": m.get("started_at"),
+             "ended_at": m.get("ended_at"), "dir": self.dir}
+        if st in ("exited", "lost"):
+            res = self.result
+            if res is not None:
+                d.update(status=res.status, exit_code=res.exit_code, signal=res.signal)
+        return d
+
+    def _log_file(self, stream: str) -> str:
+        if stream == "output" or (stream == "stdout" and self.pty):
+            return self._path("output.log")
+        return self._path(f"{stream}.log")
+
+    def _read_log(self, stream: str) -> tuple[int, bytes]:
+        return read_log(self._log_file(stream), str(self.meta.get("log_token", "")))
+
+    def _tail(self, stream: str, n: int) -> tuple[bytes, int]:
+        """(last n bytes, total bytes written) of one stream."""
+        if stream == "stderr" and self.pty:
+            return b"", 0
+        dropped, data = self._read_log(stream)
+        return data[-n:] if n else b"", dropped + len(data)
+
+    # -- reading output
+
+    def poll(self) -> PollResult:
+        """Output written since the last poll (by any process), and whether it ended."""
+        st = self.state  # first: if it had ended, every byte is in the logs already
+        ended = st in ("exited", "lost")
+        fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                offsets = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                offsets = {}
+            out: dict[str, str] = {}
+            lost = 0
+            for stream in _STREAMS:
+                if stream == "stderr" and self.pty:
+                    out[stream] = ""
+                    continue
+                dropped, data = self._read_log(stream)
+                off = int(offsets.get(stream, 0))
+                lost += max(0, dropped - off)
+                chunk = data[max(off, dropped) - dropped:]
+                if not ended:
+                    chunk = chunk[:len(chunk) - _incomplete_utf8(chunk)]
+                offsets[stream] = max(off, dropped) + len(chunk)
+                out[stream] = chunk.decode(errors="replace")
+            blob = json.dumps(offsets).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, blob, 0)
+        finally:
+            os.close(fd)
+        return PollResult(self.id, st, ended, out["stdout"], out["stderr"], lost,
+                          self.result if ended else None)
+
+    def _mark_seen(self) -> None:
+        """Move the poll position to the end of what is written now."""
+        offsets = {}
+        for stream in _STREAMS:
+            dropped, data = self._read_log(stream)
+            offsets[stream] = dropped + len(data)
+        fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(offsets).encode(), 0)
+        finally:
+            os.close(fd)
+
+    def log(self, offset: int | None = None, limit: int | None = None, stream: str = "output") -> LogPage:
+        """Lines of a log: from `offset` (0-based), or the last `limit` (default 200) lines."""
+        if stream not in ("output", *_STREAMS):
+            raise InputError(f"stream: expected output, stdout or stderr, got {stream!r}")
+        for label, v in (("offset", offset), ("limit", limit)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InputError(f"{label}: expected a whole number >= 0, got {v!r}")
+        if stream == "stderr" and self.pty:
+            dropped, data = 0, b""
+        else:
+            dropped, data = self._read_log(stream)
+        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in data.decode(errors="replace").split("\n")]
+        if lines and lines[-1] == "":
+            lines.pop()
+        if dropped:
+            lines.insert(0, f"[sandboxrun: {dropped} earlier bytes dropped (limits.log_size)]")
+        n = DEFAULT_LOG_LINES if limit is None else limit
+        start = max(0, len(lines) - n) if offset is None else min(offset, len(lines))
+        return LogPage(self.id, stream, lines[start:start + n], start, len(lines), dropped)
+
+    # -- driving it
+
+    def _ctl(self, request: dict[str, Any], timeout: float | None = 15.0) -> dict[str, Any]:
+        st = self.state
+        if st not in ("running", "starting"):
+            raise InputError(f"session {self.id} has {'ended' if st == 'exited' else 'been lost'}; "
+                             "nothing to send it")
+        dfd = os.open(self.dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(timeout)
+            try:  # via /proc/self/fd: a deep state directory would exceed sun_path's 108 bytes
+                sock.connect(f"/proc/self/fd/{dfd}/ctl.sock")
+            except OSError as e:
+                if self.state != "running":
+                    raise InputError(f"session {self.id} has ended; nothing to send it") from None
+                raise SandboxError(f"session {self.id}: cannot reach its monitor: {e.strerror or e}") from None
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        finally:
+            sock.close()
+            os.close(dfd)
+        if not buf:
+            raise SandboxError(f"session {self.id} ended before it answered")
+        reply = json.loads(buf)
+        if not reply.get("ok"):
+            raise InputError(f"session {self.id}: {reply.get('error', 'refused')}")
+        return reply
+
+    def write(self, data: bytes | str, eof: bool = False) -> int:
+        """Write to the command's stdin (its terminal for a PTY session); eof closes it."""
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray)):
+            raise InputError(f"data: expected bytes or str, got {type(data).__name__}")
+        n = 0
+        if data:
+            n = int(self._ctl({"op": "write", "data": base64.b64encode(bytes(data)).decode()})["written"])
+        if eof:
+            self._ctl({"op": "eof"})
+        return n
+
+    def _need_pty(self, what: str) -> None:
+        if not self.pty:
+            raise InputError(f"{what}: session {self.id} has no terminal (start it with --pty / pty=True)")
+
+    def send_keys(self, *keys: str, literal: bool = False) -> int:
+        """Named keys (Enter, C-c, Up, ...) and literal text, in order; PTY sessions only."""
+        self._need_pty("send-keys")
+        if not keys:
+            raise InputError("send-keys: no keys given")
+        return self.write(b"".join(key_bytes(k, literal) for k in keys))
+
+    def submit(self) -> int:
+        """Press Enter (a newline for a session without a terminal)."""
+        return self.write(b"\r" if self.pty else b"\n")
+
+    def paste(self, text: str | bytes) -> int:
+        """Paste text; bracketed (ESC[200~ ... ESC[201~) on a terminal, so programs know it is a paste."""
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        return self.write(b"\x1b[200~" + data + b"\x1b[201~" if self.pty else data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._need_pty("resize")
+        _check_size(cols, rows)
+        self._ctl({"op": "resize", "cols": cols, "rows": rows})
+
+    def kill(self, grace: float | None = None, timeout: float = 60.0) -> Result | None:
+        """SIGTERM to the whole sandbox, SIGKILL after the grace (the profile's kill_grace);
+        returns the final Result (None if it did not end within `timeout`)."""
+        st = self.state
+        if st in ("running", "starting"):
+            req: dict[str, Any] = {"op": "kill"}
+            if grace is not None:
+                req["grace"] = float(grace)
+            try:
+                self._ctl(req, timeout=(grace or 0) + 30)
+            except InputError:
+                pass  # it ended meanwhile
+            except (SandboxError, OSError):
+                if self.state in ("running", "starting"):
+                    raise
+        return self.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> Result | None:
+        """The final Result; None if still running after `timeout` seconds (None = forever)."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            st = self.state
+            if st in ("exited", "lost"):
+                return self.result
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:  # the monitor answers (or closes) when the run has ended
+                self._ctl({"op": "wait"}, timeout=left)
+            except TimeoutError:
+                continue
+            except (SandboxError, OSError):
+                time.sleep(0.05 if left is None else min(0.05, max(left, 0)))
+
+    def clear(self) -> None:
+        """Forget a finished (or lost) session: its folder is removed."""
+        st = self.state
+        if st in ("running", "starting"):
+            raise InputError(f"session {self.id} is still running; `sandboxrun remove {self.id}` "
+                             "kills and forgets it")
+        _rmtree(self.dir)
+        if st == "lost":
+            _sweep_cgroups()
+
+    def remove(self, grace: float | None = None) -> Result | None:
+        """Kill it if it runs, then forget it. Returns its final Result."""
+        res = self.kill(grace) if self.state in ("running", "starting") else self.result
+        if self.state in ("running", "starting"):
+            raise SandboxError(f"session {self.id} did not end after kill; not removed")
+        self.clear()
+        return res
+
+    def running_result(self, tail_bytes: int = TAIL_BYTES) -> Result:
+        """A Result with status "running": the session id and the tail of its output so far."""
+        m = self.meta
+        out, out_total = self._tail("stdout", tail_bytes)
+        err, err_total = self._tail("stderr", tail_bytes)
+        return Result(
+            command=self.command, status="running", session_id=self.id, pid=m.get("pid"),
+            profile=m.get("profile", ""), stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
+            stdout_bytes=out_total, stderr_bytes=err_total, stdout_truncated=out_total > len(out),
+            stderr_truncated=err_total > len(err),
+            duration_ms=round((time.time() - m.get("started_at", m.get("created", time.time()))) * 1000, 3),
+        )
+
+
+# ---------------------------------------------------------------------------- finding sessions
+
+
+def list_sessions(sweep: bool = True) -> list[Session]:
+    """Every session in the state directory, oldest first (sweeps expired ones first)."""
+    root = state_dir()
+    if sweep:
+        sweep_expired(root)
+    out = []
+    for name in os.listdir(root):
+        if ID_RE.match(name) and os.path.isdir(os.path.join(root, name)) \
+                and not os.path.islink(os.path.join(root, name)):
+            out.append(Session(name, root))
+    return sorted(out, key=lambda s: (s.meta.get("created", 0), s.id))
+
+
+def get(ref: str) -> Session:
+    """A session by id, by name (the newest running one, else the newest), or by unique id prefix."""
+    if not isinstance(ref, str) or not ref or "/" in ref or "\0" in ref or ref in (".", ".."):
+        raise InputError(f"session: expected an id or a name, got {ref!r}")
+    root = state_dir()
+    path = os.path.join(root, ref)
+    if ID_RE.match(ref) and os.path.isdir(path) and not os.path.islink(path):
+        return Session(ref, root)
+    sessions = list_sessions(sweep=False)
+    named = [s for s in sessions if s.name == ref]
+    if named:
+        running = [s for s in named if s.state in ("running", "starting")]
+        return (running or named)[-1]
+    prefixed = [s for s in sessions if len(ref) >= 3 and s.id.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        raise InputError(f"session {ref!r} is ambiguous: {', '.join(s.id for s in prefixed)}")
+    raise InputError(f"no session {ref!r} in {root} (see `sandboxrun list`)")
+
+
+def sweep_expired(root: str | None = None) -> int:
+    """Remove finished and lost sessions older than the TTL; returns how many."""
+    root = root or state_dir()
+    ttl = session_ttl()
+    now = time.time()
+    n = 0
+    lost = False
+    for name in os.listdir(root):
+        if not ID_RE.match(name) or os.path.islink(os.path.join(root, name)):
+            continue
+        s = Session(name, root)
+        try:
+            st = s.state
+        except InputError:
+            continue
+        if st == "lost":
+            lost = True
+        if st in ("exited", "lost") and now - s.ended_at() > ttl:
+            _rmtree(s.dir)
+            n += 1
+    if lost:
+        _sweep_cgroups()
+    return n
+
+
+def _sweep_cgroups() -> None:
+    """A killed monitor leaves its (empty) cgroup, named after its pid: remove such leftovers."""
+    try:
+        from .isolation import cgroups
+
+        cgroups.detect().sweep_stale()
+    except (OSError, ImportError):
+        pass
+
+
+# ---------------------------------------------------------------------------- starting
+
+
+def _check_size(cols: Any, rows: Any) -> None:
+    for label, v in (("cols", cols), ("rows", rows)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10000:
+            raise InputError(f"{label}: expected a whole number from 1 to 10000, got {v!r}")
+
+
+def derive_name(argv: Sequence[str]) -> str:
+    if len(argv) >= 3 and os.path.basename(argv[0]) in ("sh", "bash", "dash") and argv[1] == "-c":
+        text = argv[2]
+    else:
+        text = shlex.join([os.path.basename(argv[0]), *argv[1:]])
+    text = " ".join(text.split())
+    return text if len(text) <= 40 else text[:39] + "~"
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= 64 or "/" in name \
+            or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InputError(f"name: expected 1-64 printable characters without '/', got {name!r}")
+    if ID_RE.match(name):
+        raise InputError(f"name: {name!r} looks like a session id; choose another")
+    return name
+
+
+@dataclass
+class _Prepared:
+    profile: Any
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    started: float
+
+
+def _prepare(command: Any, profile: Any, timeout: Any, cwd: Any, env: Any, shell: bool, pty: bool,
+             overrides: dict[str, Any]) -> _Prepared:
+    """Everything a foreground run checks, here in the caller so errors reach it as errors."""
+    from . import profile as profiles
+    from .supervisor import build_env, check_size, to_argv
+
+    started = time.time()
+    prof = profile if isinstance(profile, profiles.Profile) else profiles.load(profile)
+    prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
+    argv = to_argv(command, shell)
+    env_ = build_env(prof, env)
+    if pty:
+        env_.setdefault("TERM", "xterm-256color")
+    check_size(argv, env_)
+    if cwd is not None:
+        if not isinstance(cwd, (str, os.PathLike)):
+            raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
+        cwd = os.path.realpath(os.fspath(cwd))
+        if not os.path.isdir(cwd):
+            raise InputError(f"cwd: no such directory: {cwd}")
+    if prof.blocklist or prof.block or prof.allow:
+        from .filter import check
+
+        text = command if isinstance(command, str) else shlex.join(argv)
+        verdict = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
+        if not verdict.allowed:
+            raise SessionBlocked(Result(command=argv, status="blocked", blocked=True, block_reason=verdict.reason,
+                                        error=verdict.reason, profile=prof.name))
+    return _Prepared(prof, argv, env_, cwd, started)
+
+
+def start(
+    command: str | Sequence[str],
+    *,
+    profile: Any = "strict",
+    name: str | None = None,
+    pty: bool = False,
+    cols: int = 80,
+    rows: int = 24,
+    timeout: float | str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    shell: bool = False,
+    stdin: bytes | str | None = None,
+    stdin_file: str | None = None,
+    trace: bool = False,
+    **overrides: Any,
+) -> Session:
+    """Start `command` in a sandbox under its own monitor and return once it runs.
+
+    Same isolation and limits as sandbox.run; the wall timeout is the profile's
+    (or `timeout`; 0 = none where the profile allows it). stdin stays an open pipe
+    for Session.write unless `stdin` (bytes) or `stdin_file` gives fixed input.
+    Raises SandboxError for bad input, SessionBlocked when the filter refuses it."""
+    _check_size(cols, rows)
+    if name is not None:
+        _check_name(name)
+    if stdin is not None and stdin_file is not None:
+        raise InputError("give stdin or stdin_file, not both")
+    if pty and (stdin is not None or stdin_file is not None):
+        raise InputError("a PTY session reads its terminal; stdin/stdin_file cannot be used with pty")
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
+        raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
+    if stdin_file is not None:
+        stdin_file = os.path.realpath(os.fspath(stdin_file))
+        if not os.path.isfile(stdin_file) or not os.access(stdin_file, os.R_OK):
+            raise InputError(f"stdin_file: not a readable file: {stdin_file}")
+    prep = _prepare(command, profile, timeout, cwd, env, shell, pty, overrides)
+    root = state_dir()
+    sweep_expired(root)
+    if name is not None:
+        for s in list_sessions(sweep=False):
+            if s.name == name and s.state in ("running", "starting"):
+                raise InputError(f"name: session {s.id} named {name!r} is still running")
+    sdir = sid = ""
+    for _ in range(32):
+        sid = secrets.token_hex(4)
+        sdir = os.path.join(root, sid)
+        try:
+            os.mkdir(sdir, 0o700)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise SandboxError(f"cannot create a session folder in {root}")
+    try:
+        if stdin is not None:
+            stdin_file = os.path.join(sdir, "stdin")
+            fd = os.open(stdin_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(stdin)
+        write_json(os.path.join(sdir, "request.json"), {
+            "argv": prep.argv, "profile": profile_to_json(prep.profile), "cwd": prep.cwd, "env": prep.env,
+            "pty": bool(pty), "cols": cols, "rows": rows, "stdin_file": stdin_file, "trace": bool(trace),
+        })
+        write_json(os.path.join(sdir, "meta.json"), {
+            "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),
+            "profile": prep.profile.name, "state": "starting", "created": prep.started,
+            "starter_pid": os.getpid(), "starter_start": proc_starttime(os.getpid()),
+            "kill_grace": prep.profile.limits.kill_grace, "timeout": prep.profile.limits.timeout,
+        })
+        _spawn_monitor(sdir)
+    except BaseException:
+        _abandon(sdir)
+        raise
+    return Session(sid, root)
+
+
+def _monitor_env(sdir: str) -> dict[str, str]:
+    keep = ("PATH", "LANG", "LC_ALL", "HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR")
+    env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("SANDBOXRUN_")}
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent
+    env["TMPDIR"] = sdir  # the run's fresh workdir lands in the session folder and goes with it
+    return env
+
+
+def _spawn_monitor(sdir: str) -> None:
+    r, w = os.pipe()
+    err = os.open(os.path.join(sdir, "monitor.log"),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-s", "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,
+            env=_monitor_env(sdir), start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=err, close_fds=True,
+        )
+    finally:
+        os.close(w)
+        os.close(err)
+    try:
+        proc.wait()  # it forks the real monitor and exits at once: no zombie of ours later
+        status = _read_ready(r, START_TIMEOUT)
+    finally:
+        os.close(r)
+    if status in (b"R", b"E"):
+        return
+    m = read_json(os.path.join(sdir, "meta.json")) or {}
+    if status == b"T" and _alive(m.get("monitor_pid"), m.get("monitor_start")):
+        os.kill(m["monitor_pid"], 9)  # its sandbox dies with it
+    log = (read_bytes(os.path.join(sdir, "monitor.log")) or b"").decode(errors="replace").strip().splitlines()
+    why = log[-1] if log else "no message"
+    if status == b"T":
+        raise SandboxError(f"the session monitor did not start the sandbox within {START_TIMEOUT:g}s: {why}")
+    raise SandboxError(f"the session monitor failed: {why}")
+
+
+def _read_ready(fd: int, timeout: float) -> bytes:
+    import select
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return b"T"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            data = os.read(fd, 1)
+            return data or b""
+
+
+def _abandon(sdir: str) -> None:
+    m = read_json(os.path.join(sdir, "meta.json")) or {}
+    if _alive(m.get("monitor_pid"), m.get("monitor_start")):
+        try:
+            os.kill(m["monitor_pid"], 9)
+        except OSError:
+            pass
+    try:
+        _rmtree(sdir)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            raise
+
+
+def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes: int = TAIL_BYTES,
+                 **kwargs: Any) -> Result:
+    """Run `command` as a session; if it ends within `yield_after` seconds return its
+    Result (and forget the session), else a Result with status "running", its
+    session_id and the tail of its output so far (later polls start after it).
+
+    Takes sandbox.run's arguments (profile, timeout, cwd, env, stdin, shell, limit
+    overrides) plus start()'s (name, pty, cols, rows)."""
+    if isinstance(yield_after, bool) or not isinstance(yield_after, (int, float)) or not yield_after >= 0:
+        raise InputError(f"yield_after: expected seconds >= 0, got {yield_after!r}")
+    for bad in ("on_stdout", "on_stderr", "stdin_fd"):
+        if kwargs.get(bad) is not None:
+            raise InputError(f"{bad} cannot be combined with yield_after (the output goes to the session's logs)")
+        kwargs.pop(bad, None)
+    try:
+        sess = start(command, **kwargs)
+    except SessionBlocked as e:
+        return e.result
+    res = sess.wait(timeout=yield_after)
+    if res is not None:
+        sess.clear()
+        res.session_id = None
+        return res
+    sess._mark_seen()
+    return sess.running_result(tail_bytes)

@@ -1,0 +1,447 @@
+"""Bad input gets a named error at every entry point: library, CLI, profile files,
+payloads, batch lines. Each row says what is wrong and what the message must name;
+none may end in a traceback or an "internal error", and the exit code is the
+documented one (2 for bad input, 126/127 for a command that cannot be executed,
+1 for a batch with an unrunnable line).
+
+Rows marked xfail are bugs found here (see docs/reliability.md); they turn green
+when fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox.errors import ProfileError, SandboxError
+from sandbox.supervisor import ARG_MAX
+
+ROOT = Path(__file__).resolve().parent.parent
+BIG = "x" * (ARG_MAX + 1)
+
+
+def bug(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(reason=f"BUG: {reason}", strict=False)
+
+
+def cli(*args: str | bytes, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def assert_clean_error(stderr: bytes, needle: str) -> None:
+    """One error line naming the input; argparse's usage line may precede it."""
+    text = stderr.decode(errors="replace")
+    assert "Traceback" not in text, text
+    assert "internal error" not in text, text
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+    assert len(lines) == 1, text
+    assert needle.lower() in lines[0].lower(), text
+
+
+def _fix_ids(rows: list[Any]) -> list[Any]:
+    """Rows as pytest params: (id, *values) tuples or pytest.param(id, *values, marks=...)."""
+    out = []
+    for r in rows:
+        if hasattr(r, "marks"):  # already a pytest.param (a tuple subclass: test it first)
+            out.append(pytest.param(*r.values[1:], id=r.values[0], marks=r.marks))
+        else:
+            out.append(pytest.param(*r[1:], id=r[0]))
+    return out
+
+
+# ----------------------------------------------------------------------------- library
+
+LIBRARY: list[Any] = [
+    # (id, command, kwargs, what the message must name)
+    ("unknown-profile", ["true"], {"profile": "nonesuch"}, "unknown profile"),
+    ("profile-wrong-type", ["true"], {"profile": 3}, "profile"),
+    ("profile-missing-file", ["true"], {"profile": "/no/such/p.toml"}, "no such profile file"),
+    ("unknown-setting", ["true"], {"bogus": 1}, "bogus"),
+    ("timeout-wrong-type", ["true"], {"timeout": [1]}, "timeout"),
+    ("timeout-negative", ["true"], {"timeout": -1}, "negative"),
+    ("timeout-words", ["true"], {"timeout": "soon"}, "timeout"),
+    ("timeout-nan", ["true"], {"timeout": float("nan")}, "finite"),
+    ("timeout-inf", ["true"], {"timeout": float("inf")}, "finite"),
+    ("timeout-over-max", ["true"], {"timeout": 1e300}, "max_timeout"),
+    pytest.param("timeout-huge-int", ["true"], {"timeout": 10**400}, "timeout",
+                 marks=bug("parse_duration: float(10**400) raises OverflowError, not a ProfileError")),
+    pytest.param("kill-grace-huge", ["sleep", "5"], {"timeout": 0.1, "kill_grace": 1e300}, "kill_grace",
+                 marks=bug("kill_grace=1e300 is accepted; the supervisor then dies in select() with OverflowError")),
+    ("memory-bool", ["true"], {"memory": True}, "boolean"),
+    ("memory-negative", ["true"], {"memory": -1}, "negative"),
+    ("memory-negative-str", ["true"], {"memory": "-5MiB"}, "memory"),
+    ("memory-unit", ["true"], {"memory": "5 parsecs"}, "unit"),
+    pytest.param("memory-huge", ["true"], {"memory": 10**400}, "memory",
+                 marks=bug("overrides skip the profile loader's > 2**62 check: 10**400 reaches the cgroup "
+                           "(the kernel's parser wraps it; the run is OOM-killed)")),
+    pytest.param("processes-huge", ["true"], {"processes": 2**63}, "processes",
+                 marks=bug("overrides skip the > 2**62 check: setup_error at step cgroup (ERANGE)")),
+    pytest.param("file-size-huge", ["true"], {"file_size": 10**30}, "file_size",
+                 marks=bug("overrides skip the > 2**62 check: setup_error at step rlimits (OverflowError)")),
+    pytest.param("cpus-tiny", ["true"], {"cpus": 1e-9}, "cpus",
+                 marks=bug("cpus below 0.01 gives a cgroup quota under 1 ms: setup_error cgroup EINVAL")),
+    pytest.param("tmp-size-zero", ["true"], {"tmp_size": 0}, "tmp_size",
+                 marks=bug("tmp_size = 0 mounts /tmp with size=0, which tmpfs reads as unlimited")),
+    ("processes-zero", ["true"], {"processes": 0}, "positive"),
+    ("cpus-negative", ["true"], {"cpus": -1}, "negative"),
+    ("cwd-missing", ["true"], {"cwd": "/no/such/dir"}, "no such directory"),
+    ("cwd-file", ["true"], {"cwd": "/etc/passwd"}, "not a directory"),
+    ("cwd-nul", ["true"], {"cwd": "/tmp\0x"}, "NUL"),
+    ("cwd-wrong-type", ["true"], {"cwd": 3}, "cwd"),
+    ("ro-bind-relative", ["true"], {"ro_bind": "relative/path"}, "absolute"),
+    ("ro-bind-dotdot", ["true"], {"ro_bind": "/usr/../etc"}, "'..'"),
+    ("ro-bind-dst-relative", ["true"], {"ro_bind": "/usr:usr"}, "absolute"),
+    ("ro-bind-root", ["true"], {"ro_bind": "/usr:/"}, "root"),
+    ("bind-missing", ["true"], {"bind": "/no/such/dir"}, "does not exist"),
+    ("bind-nul", ["true"], {"bind": "/tm\0p"}, "NUL"),
+    ("network-unknown", ["true"], {"network": "bridge"}, "network"),
+    ("env-not-mapping", ["true"], {"env": "A=1"}, "mapping"),
+    ("env-int-value", ["true"], {"env": {"A": 1}}, "strings"),
+    ("env-empty-name", ["true"], {"env": {"": "x"}}, "invalid"),
+    ("env-equals-name", ["true"], {"env": {"A=B": "x"}}, "invalid"),
+    ("env-nul-value", ["true"], {"env": {"A": "b\0c"}}, "invalid"),
+    ("env-nul-name", ["true"], {"env": {"A\0": "b"}}, "invalid"),
+    ("argv-nul", ["echo", "a\0b"], {}, "NUL"),
+    ("string-nul", "echo a\0b", {}, "NUL"),
+    ("argv-int", ["echo", 3], {}, "command[1]"),
+    ("bytes-command", b"ls", {}, "bytes"),
+    pytest.param("none-command", None, {}, "command",
+                 marks=bug("to_argv(None) does list(None): TypeError, not InputError")),
+    pytest.param("int-command", 5, {}, "command",
+                 marks=bug("to_argv(5) does list(5): TypeError, not InputError")),
+    ("empty-list", [], {}, "empty command"),
+    ("empty-string", "", {}, "empty command"),
+    ("blank-string", "   ", {}, "empty command"),
+    ("empty-argv0", [""], {}, "empty command"),
+    ("unbalanced-quotes", "echo 'oops", {}, "cannot split"),
+    ("over-arg-max", ["true", BIG], {}, "ARG_MAX"),
+    ("env-over-arg-max", ["true"], {"env": {"BIG": BIG}}, "ARG_MAX"),
+    ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
+]
+
+
+@pytest.mark.parametrize("command, kwargs, needle", _fix_ids(LIBRARY))
+def test_library_rejects_with_a_named_error(command: Any, kwargs: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SandboxError) as ei:
+        sandbox.run(command, **kwargs)
+    msg = str(ei.value)
+    assert needle.lower() in msg.lower(), msg
+    assert "\n" not in msg and len(msg) < 1000, msg
+
+
+def test_command_that_cannot_be_executed_is_127_or_126_with_a_message(isolated) -> None:
+    for argv, code, needle in (
+        (["/no/such/binary"], 127, "not found"),
+        (["no-such-command-sbx"], 127, "not found"),
+        (["/etc"], 126, "/etc"),  # a directory
+        (["/etc/passwd"], 126, "permission denied"),  # not executable
+    ):
+        r = sandbox.run(argv)
+        assert (r.status, r.exit_code) == ("nonzero_exit", code), (argv, r)
+        assert needle in (r.error or ""), (argv, r.error)
+        assert needle in r.stderr, (argv, r.stderr)
+
+
+def test_single_argument_over_the_kernel_limit_is_a_clear_126(isolated) -> None:
+    # Under ARG_MAX in total, but one string over MAX_ARG_STRLEN (32 pages): execve says E2BIG.
+    r = sandbox.run(["true", "y" * (33 * 4096)])
+    assert (r.status, r.exit_code) == ("nonzero_exit", 126), r
+    assert "argument list too long" in (r.error or ""), r.error
+
+
+def test_non_utf8_argv_and_output_bytes_are_preserved(isolated) -> None:
+    raw = b"\xff\xfe\x80ok\n"
+    arg = os.fsdecode(raw)  # surrogateescape: how Python spells non-UTF-8 argv
+    r = sandbox.run(["printf", "%s", arg])
+    assert r.status == "ok", r
+    assert r.stdout_raw == raw and r.stdout_bytes == len(raw)
+    assert r.stdout == raw.decode("utf-8", "replace")
+    r = sandbox.run(["sh", "-c", "printf '\\377\\376' >&2"])
+    assert r.stderr_raw == b"\xff\xfe" and r.stderr == "\ufffd\ufffd" and r.stderr_bytes == 2
+    json.dumps(r.to_dict())  # text fields stay serialisable
+
+
+# ----------------------------------------------------------------------------- CLI
+
+CLI_ROWS: list[Any] = [
+    ("unknown-profile", ["--profile", "nonesuch", "--", "true"], "unknown profile"),
+    ("profile-is-dir", ["--profile", "/tmp/", "--", "true"], "no such profile file"),
+    ("timeout-words", ["--timeout", "soon", "--", "true"], "timeout"),
+    ("timeout-negative", ["--timeout", "-3", "--", "true"], "negative"),
+    ("timeout-over-max", ["--timeout", "9" * 400, "--", "true"], "timeout"),
+    ("memory-words", ["--memory", "lots", "--", "true"], "memory"),
+    pytest.param("memory-huge", ["--memory", "99999999999TiB", "--", "true"], "memory",
+                 marks=bug("--memory skips the > 2**62 check of profile files")),
+    ("cwd-missing", ["--cwd", "/no/such/dir", "--", "true"], "no such directory"),
+    ("cwd-file", ["--cwd", "/etc/passwd", "--", "true"], "not a directory"),
+    ("env-no-equals", ["--env", "NOEQUALS", "--", "true"], "NAME=VALUE"),
+    ("env-empty-name", ["--env", "=x", "--", "true"], "NAME=VALUE"),
+    ("ro-bind-relative", ["--ro-bind", "relative", "--", "true"], "absolute"),
+    ("ro-bind-dotdot", ["--ro-bind", "/usr/../etc", "--", "true"], "'..'"),
+    ("bind-missing", ["--bind", "/no/such/dir", "--", "true"], "does not exist"),
+    ("network-unknown", ["--network", "bridge", "--", "true"], "network"),
+    ("stdin-file-missing", ["--stdin-file", "/no/such/file", "--", "cat"], "/no/such/file"),
+    ("unknown-flag", ["--bogus", "--", "true"], "--bogus"),
+    ("no-command", ["--"], "no command"),
+    ("nothing", [], "no command"),
+    ("empty-command", ["--", ""], "empty command"),
+    ("shell-unbalanced", ["--shell", "--", "echo 'oops"], ""),
+    ("profiles-show-unknown", ["profiles", "show", "nonesuch"], "unknown profile"),
+    ("check-unknown-profile", ["check", "--profile", "nonesuch", "--", "ls"], "unknown profile"),
+    ("batch-missing-file", ["batch", "/no/such/file.jsonl"], "/no/such/file.jsonl"),
+    ("batch-bad-concurrency", ["batch", "-j", "0", "-"], "concurrency"),
+    ("payload-missing-file", ["payload", "--file", "/no/such/p.json"], "/no/such/p.json"),
+]
+
+
+@pytest.mark.parametrize("args, needle", _fix_ids(CLI_ROWS))
+def test_cli_rejects_with_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    r = cli(*args, stdin=b"")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert_clean_error(r.stderr, needle or "sandboxrun")
+
+
+@pytest.mark.parametrize("argv, code, needle", [
+    pytest.param(["/no/such/binary"], 127, "not found", marks=bug(
+        "CLI streams the command's stderr, and the supervisor's 'command not found' line is only in "
+        "Result.stderr: the CLI exits 127 silently (cli.explain should print Result.error)")),
+    pytest.param(["/etc"], 126, "/etc", marks=bug("same: a directory as the command exits 126 silently")),
+])
+def test_cli_command_that_cannot_be_executed(isolated, argv: list[str], code: int, needle: str) -> None:
+    r = cli("--", *argv)
+    assert r.returncode == code, r
+    assert b"Traceback" not in r.stderr
+    assert needle.encode() in r.stderr, r.stderr
+
+
+def test_cli_non_utf8_argv_and_output(isolated) -> None:
+    raw = b"\xff\xfe\x80ok"
+    r = cli("--", "printf", "%s", raw)
+    assert (r.returncode, r.stdout) == (0, raw), r.stderr
+    r = cli("--json", "--", "printf", "%s", raw)
+    d = json.loads(r.stdout)
+    assert d["stdout"] == raw.decode("utf-8", "replace") and d["stdout_bytes"] == len(raw)
+
+
+def test_debug_flag_may_show_a_traceback() -> None:
+    r = cli("--debug", "--profile", "nonesuch", "--", "true")
+    assert r.returncode != 0 and b"unknown profile" in r.stderr
+
+
+# ----------------------------------------------------------------------------- profile files
+
+PROFILE_ROWS: list[Any] = [
+    # (id, TOML text ({dir} = the file's directory), what the message must name)
+    ("malformed", "[limits\ntimeout = 3", "malformed TOML"),
+    ("bad-value-syntax", "[limits]\ntimeout = 3s", "malformed TOML"),
+    ("unknown-table", "[bogus]\nx = 1", "bogus"),
+    ("unknown-key", "[limits]\nbogus = 1", "limits.bogus"),
+    ("table-not-table", "limits = 5", "limits"),
+    ("name-wrong-type", "name = 5", "name"),
+    ("memory-bool", "[limits]\nmemory = true", "limits.memory"),
+    ("memory-float", "[limits]\nmemory = 1.5", "limits.memory"),
+    ("memory-tiny", "[limits]\nmemory = \"1KiB\"", "at least"),
+    ("memory-huge", "[limits]\nmemory = \"99999999TiB\"", "too large"),
+    ("timeout-negative", "[limits]\ntimeout = -1", "negative"),
+    ("timeout-zero", "[limits]\ntimeout = 0", "allow_no_timeout"),
+    pytest.param("timeout-huge", "[limits]\ntimeout = 99999999999999999999999", "limits.timeout",
+                 marks=bug("a 10**22 s timeout is accepted; select() then raises OverflowError "
+                           "(CLI: 'internal error', exit 125)")),
+    ("processes-negative", "[limits]\nprocesses = -5", "positive"),
+    ("processes-string", "[limits]\nprocesses = \"many\"", "limits.processes"),
+    ("output-unlimited", "[limits]\noutput = \"unlimited\"", "unlimited"),
+    pytest.param("tmp-size-zero", "[limits]\ntmp_size = 0", "limits.tmp_size",
+                 marks=bug("tmp_size = 0 is accepted and mounts an unlimited /tmp")),
+    ("workdir-relative", "[filesystem]\nworkdir = \"work\"", "absolute"),
+    ("view-unknown", "[filesystem]\nview = \"shared\"", "filesystem.view"),
+    ("ro-bind-relative", "[filesystem]\nro_bind = [\"usr\"]", "absolute"),
+    ("ro-bind-dotdot", "[filesystem]\nro_bind = [\"/usr/../etc\"]", "'..'"),
+    ("ro-bind-not-list", "[filesystem]\nro_bind = \"/usr\"", "list"),
+    ("bind-missing", "[filesystem]\nbind = [\"/no/such/dir\"]", "does not exist"),
+    ("hostname-slash", "[process]\nhostname = \"a/b\"", "process.hostname"),
+    ("hostname-nul", "[process]\nhostname = \"a\\u0000b\"", "NUL"),
+    pytest.param("hostname-64-bytes", "[process]\nhostname = \"" + "\u00e9" * 40 + "\"", "process.hostname",
+                 marks=bug("hostname length is checked in characters, not bytes: 80 bytes pass and the run "
+                           "fails at setup step hostname (EINVAL)")),
+    ("env-int", "[process]\nenv = { A = 1 }", "process.env"),
+    ("env-bad-name", "[process]\nenv = { \"A=B\" = \"x\" }", "invalid environment variable"),
+    ("seccomp-unknown", "[security]\nseccomp = \"lax\"", "security.seccomp"),
+    ("namespace-unknown", "[security]\nnamespaces = [\"user\"]", "unknown namespace"),
+    ("private-without-mount", "[security]\nnamespaces = [\"pid\", \"net\"]", "mount namespace"),
+    ("network-unknown", "[network]\nmode = \"bridge\"", "network.mode"),
+    ("filter-block-not-list", "[filter]\nblock = \"rm\"", "filter.block"),
+    pytest.param("filter-block-bad-regex", "[filter]\nblock = [\"(\"]", "filter.block",
+                 marks=bug("an invalid filter.block regex is only compiled at run time: plain ValueError "
+                           "(CLI: 'internal error', exit 125)")),
+    ("extends-unknown", "extends = \"nonesuch\"", "extends"),
+    ("extends-self", "extends = \"{dir}/p.toml\"", "cycle"),
+    ("extends-wrong-type", "extends = 3", "extends"),
+    pytest.param("not-utf8", b"name = \"\xff\"", "UTF-8",
+                 marks=bug("tomllib raises UnicodeDecodeError, which _read_toml does not catch")),
+    pytest.param("deeply-nested", "x = " + "[" * 5000 + "]" * 5000, "p.toml",
+                 marks=bug("tomllib recurses: RecursionError, not caught by _read_toml")),
+]
+
+
+@pytest.mark.parametrize("text, needle", _fix_ids(PROFILE_ROWS))
+def test_profile_file_rejected_by_loader_and_cli(tmp_path: Path, text: str | bytes, needle: str) -> None:
+    from sandbox.profile import load
+
+    path = tmp_path / "p.toml"
+    if isinstance(text, str):
+        path.write_text(text.replace("{dir}", str(tmp_path)))
+    else:
+        path.write_bytes(text)
+    with pytest.raises(ProfileError) as ei:
+        load(str(path))
+    msg = str(ei.value)
+    assert needle.lower() in msg.lower(), msg
+    assert str(path) in msg or "p.toml" in msg, msg  # names the file
+    r = cli("--profile", str(path), "--", "true")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert_clean_error(r.stderr, needle)
+
+
+def test_profile_file_unreadable(tmp_path: Path) -> None:
+    from sandbox.profile import load
+
+    path = tmp_path / "p.toml"
+    path.write_text("name = 'x'\n")
+    path.chmod(0)
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    with pytest.raises(ProfileError, match="cannot read"):
+        load(str(path))
+
+
+# ----------------------------------------------------------------------------- payloads
+
+
+def _payload(props: dict[str, str] | None = None, action: str = "run_command", **top: Any) -> str:
+    doc: dict[str, Any] = {"action": action, **top}
+    if props is not None:
+        doc["properties"] = [{"name": k, "value": v} for k, v in props.items()]
+    return json.dumps(doc)
+
+
+PAYLOAD_ROWS: list[Any] = [
+    # (id, payload text, the field the error must name)
+    ("empty", "", "payload"),
+    ("not-json", "run ls please", "payload"),
+    ("json-array", "[]", "payload"),
+    ("json-string", "\"ls\"", "payload"),
+    ("unknown-top-key", _payload({"command": "ls"}, extra=1), "extra"),
+    ("missing-action", json.dumps({"properties": []}), "action"),
+    ("unknown-action", _payload({"command": "ls"}, action="format_disk"), "action"),
+    ("missing-properties", _payload(None), "properties"),
+    ("properties-not-list", json.dumps({"action": "run_command", "properties": {"command": "ls"}}), "properties"),
+    ("property-not-object", json.dumps({"action": "run_command", "properties": ["ls"]}), "properties[0]"),
+    ("unknown-property", _payload({"command": "ls", "sudo": "true"}), "sudo"),
+    ("value-not-string", json.dumps({"action": "run_command",
+                                     "properties": [{"name": "command", "value": ["ls"]}]}), "command"),
+    ("missing-command", _payload({"cwd": "/tmp"}), "command"),
+    ("empty-command", _payload({"command": "  "}), "command"),
+    ("nul-in-command", _payload({"command": "echo a\0b"}), "command"),
+    ("timeout-negative", _payload({"command": "ls", "timeout": "-1"}), "timeout"),
+    ("timeout-huge", _payload({"command": "ls", "timeout": "1e999"}), "timeout"),
+    ("timeout-words", _payload({"command": "ls", "timeout": "soon"}), "timeout"),
+    ("shell-not-bool", _payload({"command": "ls", "shell": "maybe"}), "shell"),
+    ("env-not-json", _payload({"command": "ls", "env": "A=1"}), "env"),
+    ("cwd-missing", _payload({"command": "ls", "cwd": "/no/such/dir"}), "cwd"),
+    ("cwd-file", _payload({"command": "ls", "cwd": "/etc/passwd"}), "cwd"),
+    ("cwd-system-tree", _payload({"command": "ls", "cwd": "/etc"}), "cwd"),
+    ("over-arg-max", _payload({"command": BIG}), "command"),
+    ("shelltype-foreign", _payload({"command": "dir", "shelltype": "windowsbat"}), "shelltype"),
+    ("unsplittable", _payload({"command": "echo 'oops", "shell": "false"}), "command"),
+    ("script-missing", _payload({"scriptPath": "/no/such.py"}, action="run_code_script"), "scriptPath"),
+    pytest.param("deeply-nested", "[" * 100_000, "payload",
+                 marks=bug("json.loads raises RecursionError, which payload.parse does not catch "
+                           "(CLI: 'internal error', exit 125)")),
+    ("not-utf8", b'{"action": "run_command", "properties": [{"name": "command", "value": "\xff"}]}', "payload"),
+]
+
+
+@pytest.mark.parametrize("text, field", _fix_ids(PAYLOAD_ROWS))
+def test_payload_rejected_naming_the_field(text: str | bytes, field: str) -> None:
+    payload = pytest.importorskip("sandbox.payload")
+    reply = payload.execute(text, base=str(ROOT))
+    assert set(reply) == {"error"}, reply
+    assert reply["error"]["field"] == field, reply
+    assert reply["error"]["message"] and "\n" not in reply["error"]["message"], reply
+
+
+@pytest.mark.parametrize("text, field", [p for p in _fix_ids(PAYLOAD_ROWS)
+                                         if p.id in ("not-json", "unknown-action", "timeout-negative",
+                                                     "cwd-missing", "over-arg-max", "not-utf8", "deeply-nested")])
+def test_payload_cli_exits_2_with_a_json_error(text: str | bytes, field: str) -> None:
+    pytest.importorskip("sandbox.payload")
+    r = cli("payload", stdin=text if isinstance(text, bytes) else text.encode())
+    assert b"Traceback" not in r.stderr and b"internal error" not in r.stderr, r.stderr
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert json.loads(r.stdout)["error"]["field"] == field
+
+
+# ----------------------------------------------------------------------------- batch lines
+
+BATCH_ROWS: list[Any] = [
+    # (id, one JSONL line, what the line's error must name)
+    ("invalid-json", b"not json", "invalid JSON"),
+    ("not-object", b"[1, 2]", "JSON object"),
+    ("not-utf8", b'{"command": "\xff"}', "UTF-8"),
+    ("missing-command", b"{}", "command"),
+    ("unknown-key", b'{"command": "true", "on_stdout": 1}', "on_stdout"),
+    ("shell-not-bool", b'{"command": "true", "shell": "yes"}', "shell"),
+    ("command-nul", b'{"command": ["echo", "a\\u0000b"]}', "NUL"),
+    ("empty-command", b'{"command": ""}', "empty command"),
+    ("argv-int", b'{"command": ["echo", 1]}', "command[1]"),
+    pytest.param("command-int", b'{"command": 5}', "command", marks=bug("to_argv(5): TypeError, reported as "
+                                                                        "'internal error'")),
+    ("timeout-negative", b'{"command": "true", "timeout": -1}', "negative"),
+    ("unknown-profile", b'{"command": "true", "profile": "nonesuch"}', "unknown profile"),
+    ("cwd-missing", b'{"command": "true", "cwd": "/no/such/dir"}', "no such directory"),
+    ("env-int", b'{"command": "true", "env": {"A": 1}}', "env"),
+    ("ro-bind-relative", b'{"command": "true", "ro_bind": "rel"}', "absolute"),
+    ("over-arg-max", json.dumps({"command": ["true", BIG]}).encode(), "ARG_MAX"),
+    pytest.param("deeply-nested", b"[" * 100_000, "JSON",
+                 marks=bug("json.loads raises RecursionError in batch.read_jsonl: the whole batch dies "
+                           "instead of one invalid_request line")),
+]
+
+
+def _batch_items(line: bytes) -> list[Any]:
+    batch = pytest.importorskip("sandbox.batch")
+    import io
+
+    return list(batch.run_many((obj for _n, obj in batch.read_jsonl(io.BytesIO(line + b"\n"))), 1))
+
+
+@pytest.mark.parametrize("line, needle", _fix_ids(BATCH_ROWS))
+def test_batch_line_becomes_a_named_invalid_request(line: bytes, needle: str) -> None:
+    items = _batch_items(line)
+    assert len(items) == 1
+    d = items[0].to_dict()
+    assert d["status"] == "invalid_request", d
+    assert needle.lower() in d["error"].lower(), d
+    assert "internal error" not in d["error"], d
+
+
+def test_batch_cli_reports_every_bad_line_and_exits_1() -> None:
+    pytest.importorskip("sandbox.batch")
+    rows = [p for p in _fix_ids(BATCH_ROWS) if not p.marks]
+    text = b"\n".join(p.values[0] for p in rows) + b"\n"
+    r = cli("batch", "-", stdin=text)
+    assert b"Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    out = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(out) == len(rows)
+    for p, d in zip(rows, out, strict=True):
+        assert d["status"] == "invalid_request" and p.values[1].lower() in d["error"].lower(), (p.id, d)

@@ -1,0 +1,235 @@
+"""Batch runs (run_many, `sandboxrun batch`) and the benchmark script's smoke path.
+
+Ordering is proven with requests that wait on a file in a shared workdir, created
+by another request or by the test itself, never with timing: a wrong order ends in
+a bounded wait (the request's timeout) and a failed assertion, not a flaky pass.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox.batch import BatchError, BatchRequest, BatchResult, Progress, read_jsonl, run_many
+from sandbox.errors import InputError, ProfileError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(name: str, then: str) -> dict:
+    """A request that blocks until `name` exists in the shared workdir (at most its timeout)."""
+    return {"command": f"while [ ! -e {name} ]; do sleep 0.01; done; echo {then}", "shell": True, "timeout": 20}
+
+
+def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
+                          timeout=120, env=env)
+
+
+# ---------------------------------------------------------------------------- library
+
+
+def test_ordered_runs_ahead_and_yields_in_input_order(isolated, tmp_path: Path) -> None:
+    cwd = str(tmp_path)
+    reqs = [
+        {**wait_for("go", "first"), "cwd": cwd},  # needs the third request to have run
+        {"command": ["echo", "second"]},
+        {"command": "touch go; echo third", "shell": True, "cwd": cwd},
+    ]
+    out = list(run_many(reqs, concurrency=3))
+    assert [r.id for r in out] == [1, 2, 3]
+    assert [r.stdout for r in out] == ["first\n", "second\n", "third\n"], [r.status for r in out]
+    assert all(isinstance(r, BatchResult) and isinstance(r, sandbox.Result) for r in out)
+
+
+def test_unordered_yields_as_they_finish(isolated, tmp_path: Path) -> None:
+    # The first request can only finish after the test has *received* the second's result.
+    reqs = [{**wait_for("go", "slow"), "cwd": str(tmp_path), "id": "slow"}, {"command": ["echo", "fast"], "id": "fast"}]
+    got = []
+    for r in run_many(reqs, concurrency=2, ordered=False):
+        got.append(r.id)
+        if r.id == "fast":
+            (tmp_path / "go").touch()
+    assert got == ["fast", "slow"]
+
+
+def test_ids_requests_and_overrides(isolated) -> None:
+    reqs = [
+        {"command": ["cat"], "stdin": "abc", "id": {"task": 7}},
+        BatchRequest(command="echo $X", shell=True, env={"X": "from-env"}, id="b"),
+        BatchRequest(command=["head", "-c", "5000", "/dev/zero"], overrides={"output": "1KiB"}),
+        {"command": ["sh", "-c", "exit 3"]},
+    ]
+    a, b, c, d = run_many(reqs)
+    assert (a.id, a.stdout) == ({"task": 7}, "abc")
+    assert (b.id, b.stdout) == ("b", "from-env\n")
+    assert (c.id, c.stdout_bytes, c.stdout_truncated) == (3, 5000, True)
+    assert (d.id, d.status, d.exit_code) == (4, "nonzero_exit", 3)
+    assert json.loads(a.to_json())["id"] == {"task": 7}
+
+
+def test_bad_requests_become_errors_and_the_batch_goes_on(isolated) -> None:
+    reqs = [
+        {"command": ["echo", "ok1"]},
+        {"command": ["echo"], "bogus": 1, "id": "x"},
+        {"shell": True},
+        {"command": ["echo"], "memory": "lots"},
+        {"command": ["echo"], "stdin_fd": 0},  # callers' fds are not a request key
+        "not a request",
+        {"command": ["echo", "ok2"]},
+    ]
+    out = list(run_many(reqs, concurrency=2))
+    assert [type(r) for r in out] == [BatchResult, *[BatchError] * 5, BatchResult]
+    assert out[0].stdout == "ok1\n" and out[-1].stdout == "ok2\n"
+    errs = out[1:6]
+    assert [e.id for e in errs] == ["x", 3, 4, 5, 6]
+    assert "unknown key 'bogus'" in errs[0].error
+    assert "missing key 'command'" in errs[1].error
+    assert "memory" in errs[2].error
+    assert "unknown key 'stdin_fd'" in errs[3].error
+    assert "expected a JSON object or BatchRequest" in errs[4].error
+    assert all(not e.success and e.status == "invalid_request" for e in errs)
+    assert errs[0].to_dict() == {"id": "x", "line": 2, "status": "invalid_request", "success": False,
+                                 "error": errs[0].error}
+
+
+def test_bad_arguments_fail_at_the_call() -> None:
+    with pytest.raises(InputError, match="concurrency"):
+        run_many([], concurrency=0)
+    with pytest.raises(ProfileError, match="unknown profile"):
+        run_many([], profile="no-such-profile")
+    assert list(run_many([])) == []
+
+
+def test_input_is_streamed_and_closing_stops_the_batch(isolated) -> None:
+    pulled = itertools.count()
+
+    def endless():
+        for _ in itertools.count():
+            next(pulled)
+            yield {"command": ["true"]}
+
+    it = run_many(endless(), concurrency=2)
+    first = list(itertools.islice(it, 3))
+    it.close()  # cancels what has not started, waits for what has
+    assert [r.id for r in first] == [1, 2, 3] and all(r.status == "ok" for r in first)
+    assert next(pulled) <= 3 + 2 * 4  # bounded window, never the whole input
+
+
+def test_package_level_alias(isolated) -> None:
+    (r,) = sandbox.run_many([{"command": ["echo", "hi"], "id": "z"}])
+    assert (r.id, r.stdout) == ("z", "hi\n")
+
+
+# ---------------------------------------------------------------------------- JSONL, progress
+
+
+def test_read_jsonl_names_lines() -> None:
+    src = io.BytesIO(b'{"command": ["true"]}\n\n   \nnot json\n[1, 2]\n\xff\xfe\n{"command": "x"}\n')
+    items = list(read_jsonl(src))
+    assert [n for n, _ in items] == [1, 4, 5, 6, 7]
+    assert items[0][1] == {"command": ["true"]}
+    assert "invalid JSON" in items[1][1].error
+    assert "expected a JSON object, got list" in items[2][1].error
+    assert "UTF-8" in items[3][1].error or "invalid JSON" in items[3][1].error
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _res(ok: bool) -> BatchError:
+    e = BatchError(1, "x")
+    e.success = ok
+    return e
+
+
+def test_progress_on_a_terminal_only() -> None:
+    tty = _Tty()
+    p = Progress(tty, total=3, every=0)
+    for ok in (True, False, True):
+        p.update(_res(ok))
+    p.close()
+    text = tty.getvalue()
+    assert text.startswith("\r") and text.endswith("\n")
+    last = text.rstrip("\n").split("\r")[-1]
+    assert last.startswith("3/3") and "/s" in last and "ETA 0:00" in last and "failures 1" in last
+
+    piped = io.StringIO()
+    p = Progress(piped, total=3, every=0)
+    p.update(_res(True))
+    p.close()
+    assert piped.getvalue() == ""
+
+    p = Progress(_Tty(), total=None, every=0)  # stdin: no total, no ETA
+    p.update(_res(True))
+    assert "ETA" not in p.line(p.start + 1) and p.line(p.start + 1).startswith("1 ")
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_batch_file_in_order(isolated, tmp_path: Path) -> None:
+    f = tmp_path / "reqs.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"command": ["echo", "a"], "id": "a"}),
+        "",
+        json.dumps({"command": "echo b; exit 4", "shell": True}),
+        "{broken",
+        json.dumps({"command": ["cat"], "stdin": "c", "timeout": 10}),
+    ]) + "\n")
+    r = cli("batch", str(f), "--concurrency", "2")
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 1, r.stderr  # a line could not be run
+    assert [d["id"] for d in lines] == ["a", 3, 4, 5]
+    assert [d.get("stdout") for d in lines] == ["a\n", "b\n", None, "c"]
+    assert lines[1]["exit_code"] == 4 and lines[1]["status"] == "nonzero_exit"
+    assert lines[2]["line"] == 4 and "invalid JSON" in lines[2]["error"]
+    assert b"\r" not in r.stderr  # no progress bar when stderr is not a terminal
+
+
+def test_cli_batch_stdin_unordered_all_valid(isolated) -> None:
+    data = "".join(json.dumps({"command": ["echo", str(i)], "id": i}) + "\n" for i in range(5))
+    r = cli("batch", "-", "--unordered", "-p", "strict", stdin=data.encode())
+    assert r.returncode == 0, r.stderr
+    got = {d["id"]: d["stdout"] for d in map(json.loads, r.stdout.splitlines())}
+    assert got == {i: f"{i}\n" for i in range(5)}
+    assert r.stderr == b""
+
+
+def test_cli_batch_bad_usage_is_one_line() -> None:
+    r = cli("batch", "/nonexistent/reqs.jsonl")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"No such file" in r.stderr
+    r = cli("batch", "-", "--concurrency", "0", stdin=b"")
+    assert r.returncode == 2 and b"concurrency" in r.stderr and b"Traceback" not in r.stderr
+    r = cli("batch", "-", "--profile", "nope", stdin=b"")
+    assert r.returncode == 2 and b"unknown profile" in r.stderr
+
+
+# ---------------------------------------------------------------------------- bench
+
+
+def test_bench_smoke(isolated, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    cases = {c["name"]: c for c in doc["cases"]}
+    for name in ("bare_true", "sandbox_true", "bare_py", "sandbox_py", "cli_true", "cli_bare_py",
+                 "tput_bare", "tput_run_many", "tput_cli_batch", "rss_spread", "drain_rate"):
+        assert cases[name]["value"] is not None and cases[name]["error"] is None, cases[name]
+    assert len(cases["sandbox_true"]["samples"]) == 2
+    assert {g["goal"] for g in doc["goals"]} >= {"throughput >= 0.75x bare", "drain >= 1 GiB/s"}
+    assert all(g["ratio"] is not None for g in doc["goals"] if g["reference"] in cases or g["reference"] is None)
+    assert "goal" in p.stdout and "ratio" in p.stdout  # the table

@@ -1,0 +1,146 @@
+"""The MCP server as an independent client meets it: the SDK's own stdio client
+spawns `python -m sandbox mcp`, lists the tools and calls them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+anyio = pytest.importorskip("anyio")
+
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = {"run_command", "run_python", "check_command", "start", "list", "poll", "log", "write", "send_keys",
+         "kill", "remove"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_sandbox(isolated) -> None:
+    pass
+
+
+def _field(obj: Any, *names: str) -> Any:
+    """mcp 1.x uses camelCase attributes, 2.x snake_case."""
+    for n in names:
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    raise AttributeError(names[0])
+
+
+def is_error(res: Any) -> bool:
+    return bool(_field(res, "is_error", "isError"))
+
+
+def structured(res: Any) -> dict[str, Any]:
+    data = _field(res, "structured_content", "structuredContent")
+    if data is None:  # fall back to the JSON text block
+        data = json.loads(res.content[0].text)
+    return data
+
+
+def text(res: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in res.content)
+
+
+def with_server(workspace: Path, body: Callable[[ClientSession], Awaitable[None]], *extra: str) -> None:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "sandbox", "mcp", "--profile", "strict", "--workspace", str(workspace), *extra],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+
+    async def main() -> None:
+        with anyio.fail_after(120):  # a bound, not a benchmark
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                await body(session)
+
+    anyio.run(main)
+
+
+def test_tools_listed_with_schemas(tmp_path: Path) -> None:
+    async def body(s: ClientSession) -> None:
+        listed = (await s.list_tools()).tools
+        assert {t.name for t in listed} == TOOLS
+        for t in listed:
+            schema = _field(t, "input_schema", "inputSchema")
+            assert t.description and schema["type"] == "object"
+            for name, prop in schema.get("properties", {}).items():
+                assert prop.get("description"), f"{t.name}.{name} has no description"
+        rc = next(t for t in listed if t.name == "run_command")
+        assert _field(rc, "input_schema", "inputSchema")["required"] == ["command"]
+
+    with_server(tmp_path, body)
+
+
+def test_run_command_uses_the_workspace(tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("from the host\n")
+
+    async def body(s: ClientSession) -> None:
+        res = await s.call_tool("run_command", {"command": "cat data.txt; pwd; echo made > out.txt"})
+        assert not is_error(res), text(res)
+        d = structured(res)
+        assert d["status"] == "ok" and d["exit_code"] == 0 and d["profile"] == "strict"
+        assert d["stdout"] == "from the host\n/work\n"
+        res = await s.call_tool("run_command", {"command": "echo oops >&2; exit 3"})
+        d = structured(res)
+        assert not is_error(res) and d["status"] == "nonzero_exit" and d["exit_code"] == 3
+        assert d["stderr"] == "oops\n"
+        res = await s.call_tool("run_command", {"command": "sleep 5", "timeout": 0.5})
+        assert structured(res)["status"] == "timeout"
+
+    with_server(tmp_path, body)
+    assert (tmp_path / "out.txt").read_text() == "made\n"
+
+
+def test_errors_are_tool_errors_with_the_reason(tmp_path: Path) -> None:
+    async def body(s: ClientSession) -> None:
+        res = await s.call_tool("check_command", {"command": "rm -rf /"})
+        d = structured(res)
+        assert not is_error(res) and d["allowed"] is False and d["reason"]
+        assert structured(await s.call_tool("check_command", {"command": "ls -la"}))["allowed"] is True
+        res = await s.call_tool("run_command", {"command": "rm -rf /"})
+        assert is_error(res) and "blocked" in text(res)
+        res = await s.call_tool("run_command", {"command": "true", "timeout": 100000})
+        assert is_error(res) and "timeout" in text(res)
+        res = await s.call_tool("run_python", {"script": "../../etc/passwd"})
+        assert is_error(res) and "outside the workspace" in text(res)
+
+    with_server(tmp_path, body)
+
+
+def test_run_python_code_script_function(tmp_path: Path) -> None:
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    print('adding')\n    return a + b\n")
+
+    async def body(s: ClientSession) -> None:
+        res = await s.call_tool("run_python", {"code": "import sys; print(sum(map(int, sys.argv[1:])))",
+                                               "args": ["2", "3"]})
+        assert not is_error(res), text(res)
+        assert structured(res)["stdout"] == "5\n"
+        res = await s.call_tool("run_python", {"script": "calc.py", "function": "add", "args": [2, 3]})
+        d = structured(res)
+        assert not is_error(res), text(res)
+        assert d["return_value"] == 5 and d["returned"] and d["stdout"] == "adding\n"
+        res = await s.call_tool("run_python", {"script": "calc.py", "statement": "add('a', 'b')"})
+        assert structured(res)["return_value"] == "ab"
+        res = await s.call_tool("run_python", {})
+        assert is_error(res) and "exactly one" in text(res)
+
+    with_server(tmp_path, body)
+
+
+def test_bad_workspace_is_a_one_line_error(tmp_path: Path) -> None:
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sandbox", "mcp", "--workspace", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,394 @@
+"""The isolation checks again, as an unprivileged user; and hosts that refuse user namespaces.
+
+Set-up (once per session, as root): a system user `sandboxrun-test` (created if missing,
+removed afterwards only if we created it), and a 0755 temp tree holding a copy of the
+`sandbox` package and the site-packages it needs, because the venv's interpreter lives
+under /root where that user cannot go. The user runs the system /usr/bin/python3 (same
+minor version, same ABI) through `setpriv --reuid --regid --clear-groups --reset-env`.
+
+A refused user namespace is simulated with a seccomp filter (installed by a wrapper
+before dropping to the user) that answers EPERM to unshare/clone with CLONE_NEWUSER, as
+a container runtime's profile does: the run must end in a named setup_error, never run
+with less isolation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+USER = "sandboxrun-test"
+SYS_PYTHON = "/usr/bin/python3"
+CLONE_NEWUSER = 0x10000000
+
+pytestmark = pytest.mark.rootless
+
+# Tests of tests/test_isolation.py that need what rootless gives up by definition.
+ROOTLESS_DESELECT = {
+    "test_cgroup_namespace_and_limits_applied": "asserts a cgroup v1/v2 backend; rootless has none on v1 hosts",
+}
+
+
+def _sys_python_ok() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create the unprivileged test user"
+    if shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is not installed"
+    if not os.access(SYS_PYTHON, os.X_OK):
+        return f"{SYS_PYTHON} is missing"
+    ver = subprocess.run([SYS_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                         text=True).stdout.strip()
+    if ver != str(tuple(sys.version_info[:2])):
+        return f"{SYS_PYTHON} is {ver}, not {tuple(sys.version_info[:2])}: the C extensions would not load"
+    return None
+
+
+@dataclass
+class Tree:
+    path: Path
+    uid: int
+    gid: int
+
+    @property
+    def home(self) -> Path:
+        return self.path / "home"
+
+    def env(self) -> list[str]:
+        return ["env", f"PYTHONPATH={self.path / 'lib'}:{self.path}", f"HOME={self.home}",
+                f"XDG_CACHE_HOME={self.home / '.cache'}", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
+
+    def as_user(self, args: list[str], *, prefix: list[str] | None = None, timeout: float = 120,
+                cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run args as the test user; prefix (e.g. a seccomp wrapper) runs first, as root."""
+        cmd = [*(prefix or []), "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+               "--reset-env", *self.env(), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or str(self.home))
+
+
+def _module_path(name: str) -> Path:
+    mod = __import__(name)
+    f = Path(mod.__file__)
+    return f.parent if f.name == "__init__.py" else f
+
+
+@pytest.fixture(scope="session")
+def test_user() -> Iterator[tuple[int, int]]:
+    why = _sys_python_ok()
+    if why:
+        pytest.skip(why)
+    created = False
+    try:
+        pw = pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+                       check=True, capture_output=True)
+        created = True
+        pw = pwd.getpwnam(USER)
+    yield pw.pw_uid, pw.pw_gid
+    if created:
+        subprocess.run(["userdel", USER], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def tree(test_user: tuple[int, int]) -> Iterator[Tree]:
+    path = Path(tempfile.mkdtemp(prefix="sandboxrun-rootless-"))
+    try:
+        path.chmod(0o755)
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(ROOT / "sandbox", path / "sandbox", ignore=ignore)  # profiles symlink -> real copy
+        lib = path / "lib"
+        lib.mkdir()
+        for name in ("prctl", "_prctl", "pyseccomp", "pytest", "_pytest", "pluggy", "iniconfig", "packaging",
+                     "pygments", "psutil"):
+            try:
+                src = _module_path(name)
+            except ImportError:
+                continue
+            if src.is_dir():
+                shutil.copytree(src, lib / src.name, ignore=ignore)
+            else:
+                shutil.copy2(src, lib / src.name)
+        (lib / "sandboxrun_rootless_defaults.py").write_text(
+            '"""pytest plugin: sandbox.run() defaults to the rootless profile."""\n'
+            "import sandbox.supervisor as _s\n\n_orig = _s.run\n\n\n"
+            "def run(command, **kw):\n    kw.setdefault('profile', 'rootless')\n    return _orig(command, **kw)\n\n\n"
+            "_s.run = run\n")
+        (path / "tests").mkdir()
+        for name in ("conftest.py", "test_isolation.py"):
+            shutil.copy2(ROOT / "tests" / name, path / "tests" / name)
+        (path / "scripts").mkdir()
+        (path / "scripts" / "probe.py").write_text(PROBE)
+        (path / "scripts" / "deny.py").write_text(DENY)
+        for p in [path, *path.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (path / "home").mkdir(mode=0o700)
+        os.chown(path / "home", *test_user)
+        yield Tree(path, *test_user)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- probe script
+
+# Runs in the sandbox: everything it can find out about its confinement, as JSON.
+INSIDE = r"""
+import json, os, socket, sys
+hostpid, port, hostfile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+st = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+out = {k: st[k].strip() for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")}
+out["uid"], out["gid"] = os.getuid(), os.getgid()
+out["shadow"] = os.path.exists("/etc/shadow")
+out["hostpid_visible"] = os.path.exists("/proc/%d" % hostpid)
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    out["listener"] = "reached"
+except OSError as e:
+    out["listener"] = e.errno
+out["writes"] = {}
+for p in ("/usr/sandboxrun-x", "/sandboxrun-x", "/etc/sandboxrun-x", hostfile):
+    try:
+        with open(p, "w") as f:
+            f.write("pwned")
+        out["writes"][p] = "written"
+    except OSError as e:
+        out["writes"][p] = e.errno
+with open("in-workdir", "w") as f:
+    out["workdir_write"] = f.write("ok") == 2
+print(json.dumps(out))
+"""
+
+# Runs as the caller (the unprivileged user): the runs, as Result JSON.
+PROBE = r"""
+import json, sys
+import sandbox
+mode = sys.argv[1]
+out = {}
+if mode == "isolation":
+    out["rootless"] = sandbox.run(["python3", "-c", INSIDE, *sys.argv[2:5]], profile="rootless").to_dict()
+for name in (sys.argv[5:] if mode == "isolation" else sys.argv[2:]):
+    out[name] = sandbox.run(["/bin/true"], profile=name).to_dict()
+print(json.dumps(out))
+""".replace("INSIDE", repr(INSIDE))
+
+# Installs the seccomp filter a container runtime would, then execs the rest of argv.
+DENY = r"""
+import errno, os, sys
+import pyseccomp as sc
+f = sc.SyscallFilter(sc.ALLOW)
+if sys.argv[1] == "userns":  # unshare/clone with CLONE_NEWUSER: EPERM; clone3 cannot be inspected
+    for name in ("unshare", "clone"):
+        f.add_rule(sc.ERRNO(errno.EPERM), name, sc.Arg(0, sc.MASKED_EQ, 0x10000000, 0x10000000))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+else:  # no namespaces at all (Docker's default profile without CAP_SYS_ADMIN)
+    f.add_rule(sc.ERRNO(errno.EPERM), "unshare")
+    f.add_rule(sc.ERRNO(errno.EPERM), "setns")
+f.load()
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _json_out(cp: subprocess.CompletedProcess[str]) -> dict:
+    assert cp.returncode == 0 and cp.stdout.strip(), (cp.returncode, cp.stdout[-2000:], cp.stderr[-2000:])
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def host_bait(tree: Tree) -> Iterator[tuple[int, int, Path]]:
+    """A host process, a host 127.0.0.1 listener and a host file the user could write: (pid, port, file)."""
+    sleeper = subprocess.Popen(["sleep", "120"])
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    victim = tree.home / "victim.txt"
+    victim.write_text("original")
+    os.chown(victim, tree.uid, tree.gid)
+    try:
+        yield sleeper.pid, srv.getsockname()[1], victim
+    finally:
+        srv.close()
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.fixture(scope="module")
+def rootless_probe(tree: Tree, host_bait: tuple[int, int, Path]) -> dict:
+    pid, port, victim = host_bait
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # control: the listener is reachable from the host
+    cp = tree.as_user([SYS_PYTHON, str(tree.path / "scripts" / "probe.py"), "isolation", str(pid), str(port),
+                       str(victim), "strict", "nested"])
+    out = _json_out(cp)
+    assert victim.read_text() == "original"
+    return out
+
+
+@pytest.fixture(scope="module")
+def inside(rootless_probe: dict) -> dict:
+    r = rootless_probe["rootless"]
+    assert r["status"] == "ok", (r["status"], r["error"], r["stderr"])
+    return json.loads(r["stdout"])
+
+
+# ---------------------------------------------------------------------------- rootless isolation
+
+
+def test_rootless_run_is_ok_and_reports_a_user_namespace(rootless_probe: dict) -> None:
+    r = rootless_probe["rootless"]
+    assert r["status"] == "ok", r
+    iso = r["isolation"]
+    assert iso["user_namespace"] is True and "user" in iso["namespaces"]
+    assert set(iso["namespaces"]) >= {"pid", "mount", "net", "ipc", "uts", "cgroup"}
+    assert iso["filesystem"] == "private" and iso["network"] == "none" and iso["seccomp"] == "default"
+    assert iso["host_uid"] == pwd.getpwnam(USER).pw_uid
+    assert iso["cgroup"] == "none" and "cgroup_unavailable" in iso["limits"]  # said, not hidden
+
+
+def test_rootless_uid_inside_is_not_root(inside: dict, rootless_probe: dict) -> None:
+    assert inside["uid"] != 0 and inside["gid"] != 0
+    assert inside["uid"] == rootless_probe["rootless"]["isolation"]["uid"] == 1000
+
+
+def test_rootless_host_secrets_and_processes_invisible(inside: dict) -> None:
+    assert inside["shadow"] is False
+    assert inside["hostpid_visible"] is False
+
+
+def test_rootless_host_loopback_unreachable(inside: dict) -> None:
+    assert inside["listener"] != "reached"
+
+
+def test_rootless_no_capabilities_nnp_seccomp(inside: dict) -> None:
+    assert (inside["CapEff"], inside["CapPrm"], inside["CapAmb"]) == ("0" * 16,) * 3
+    assert inside["CapBnd"] == "0" * 16, "bounding set must be empty (refilled by entering a user namespace?)"
+    assert inside["NoNewPrivs"] == "1" and inside["Seccomp"] == "2"
+
+
+def test_rootless_writes_outside_the_workdir_fail(inside: dict) -> None:
+    assert inside["workdir_write"] is True
+    for path, outcome in inside["writes"].items():
+        assert outcome != "written", path
+
+
+def test_strict_fails_closed_without_cgroup_delegation(rootless_probe: dict) -> None:
+    """On this host (cgroup v1: no delegation) strict must refuse, saying why, not run weaker."""
+    r = rootless_probe["strict"]
+    if r["status"] == "ok":
+        assert r["isolation"]["cgroup"] in ("v1", "v2")  # a host that delegates a cgroup to the user
+        return
+    assert r["status"] == "setup_error" and r["error_step"] == "cgroup", r
+    assert "delegat" in r["error"], r["error"]
+    assert r["pid"] is None and r["exit_code"] == -1
+
+
+def test_nested_profile_runs_rootless(rootless_probe: dict) -> None:
+    r = rootless_probe["nested"]
+    assert r["status"] == "ok", (r["error_step"], r["error"])
+    assert r["isolation"]["namespaces"] == [] and r["isolation"]["filesystem"] in ("host", "none")
+
+
+def test_isolation_suite_passes_rootless(tree: Tree) -> None:
+    """tests/test_isolation.py, unchanged, as the unprivileged user with the rootless profile."""
+    tests = tree.path / "tests" / "test_isolation.py"
+    args = [SYS_PYTHON, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p", "sandboxrun_rootless_defaults",
+            f"--rootdir={tree.path}", str(tests)]
+    for name in ROOTLESS_DESELECT:
+        args.append(f"--deselect=tests/test_isolation.py::{name}")
+    cp = tree.as_user(args, timeout=300)
+    tail = cp.stdout[-4000:]
+    assert cp.returncode == 0, tail + cp.stderr[-2000:]
+    assert "sandbox unavailable" not in cp.stdout, tail  # every test skipped would be a vacuous pass
+    summary = cp.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and int(summary.split(" passed")[0].split()[-1]) >= 10, tail
+
+
+# ---------------------------------------------------------------------------- CLI as the user
+
+
+def test_cli_runs_rootless(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", "--", "python3", "-c", "print(6*7)"])
+    assert (cp.returncode, cp.stdout) == (0, "42\n"), cp.stderr
+
+
+def test_cli_strict_names_the_missing_layer(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--", "/bin/true"])
+    if cp.returncode == 0:
+        pytest.skip("this host delegates a cgroup to unprivileged users")
+    assert cp.returncode == 125 and "cgroup" in cp.stderr and "delegat" in cp.stderr, cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
+def test_doctor_as_user(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "doctor", "--json"])
+    assert cp.returncode in (0, 1) and "Traceback" not in cp.stderr, cp.stderr
+    rep = json.loads(cp.stdout)
+    assert rep["host"]["rootless"] is True and rep["host"]["uid"] == tree.uid
+    layers = {r["layer"]: r for r in rep["layers"]}
+    assert layers["user namespace"]["works"] is True
+    for name in ("pid namespace", "net namespace", "mount namespace", "/proc", "pivot_root", "seccomp"):
+        assert layers[name]["works"] is True, layers[name]
+    profiles = {p["profile"]: p for p in rep["profiles"]}
+    assert profiles["rootless"]["runs"] is True, profiles["rootless"]
+    assert rep["strict"] is profiles["strict"]["runs"] and cp.returncode == (0 if rep["strict"] else 1)
+    if not rep["strict"]:
+        assert profiles["strict"]["step"] == "cgroup" and "delegat" in profiles["strict"]["cause"]
+    text = tree.as_user([SYS_PYTHON, "-m", "sandbox", "doctor"])
+    assert text.returncode == cp.returncode and "rootless" in text.stdout and "LAYER" in text.stdout, text.stderr
+
+
+# ---------------------------------------------------------------------------- refused namespaces
+
+
+def _deny(tree: Tree, what: str, python: str = SYS_PYTHON) -> list[str]:
+    """The wrapper that installs the filter (as root), then execs the rest."""
+    return ["env", f"PYTHONPATH={tree.path / 'lib'}", python, str(tree.path / "scripts" / "deny.py"), what]
+
+
+def test_refused_user_namespace_is_a_named_setup_error(tree: Tree) -> None:
+    """As under a container's seccomp profile: never a run without namespaces."""
+    cp = tree.as_user([SYS_PYTHON, str(tree.path / "scripts" / "probe.py"), "profiles", "rootless", "strict"],
+                      prefix=_deny(tree, "userns"))
+    out = _json_out(cp)
+    r = out["rootless"]
+    assert r["status"] == "setup_error" and r["error_step"] == "user_namespace", r
+    assert r["error_errno"] == 1 and r["pid"] is None and "user namespace" in r["error"]
+    assert out["strict"]["status"] == "setup_error"
+
+
+def test_doctor_names_the_seccomp_filter_as_cause(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "doctor", "--json"],
+                      prefix=_deny(tree, "userns"))
+    assert cp.returncode == 1, cp.stderr
+    rep = json.loads(cp.stdout)
+    layers = {r["layer"]: r for r in rep["layers"]}
+    userns = layers["user namespace"]
+    assert userns["works"] is False and userns["errno_name"] == "EPERM", userns
+    assert "seccomp" in userns["cause"], userns["cause"]
+    assert layers["pid namespace"]["works"] is None  # untested, not claimed to work
+    assert not any(p["runs"] for p in rep["profiles"] if p["profile"] in ("strict", "rootless", "standard"))
+
+
+def test_root_with_unshare_denied_fails_closed(tree: Tree) -> None:
+    """Root under a filter denying unshare: strict names the namespace step; nested (explicitly weaker) runs."""
+    code = ("import json, sandbox; print(json.dumps({n: sandbox.run(['/bin/true'], profile=n).to_dict() "
+            "for n in ('strict', 'nested')}))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cp = subprocess.run([*_deny(tree, "unshare", sys.executable), sys.executable, "-c", code],
+                        capture_output=True, text=True, timeout=120, env=env)
+    out = _json_out(cp)
+    s = out["strict"]
+    assert s["status"] == "setup_error" and s["error_step"] in ("pid_namespace", "namespaces"), s
+    assert s["error_errno"] == 1 and s["pid"] is None
+    n = out["nested"]
+    assert n["status"] == "ok" and n["isolation"]["namespaces"] == [], n
