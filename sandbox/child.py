@@ -90,16 +90,17 @@ def find_executable(name: str, path: str) -> str:
 
 
 def _await_cgroup(sync_fd: int) -> None:
-    """The supervisor writes b"1" once we are in the run's cgroup, or b"0<errno> <why>"."""
+    """The supervisor writes b"1\\n" once we are in the run's cgroup, or b"0<errno> <why>\\n".
+    (Read to the newline, not EOF: a directly forked child holds a copy of the write end.)"""
     data = b""
-    while True:
+    while not data.endswith(b"\n"):
         chunk = os.read(sync_fd, 4096)
         if not chunk:
             break
         data += chunk
     os.close(sync_fd)
     if data[:1] != b"1":
-        err, _, why = data[1:].decode(errors="replace").partition(" ")
+        err, _, why = data[1:].decode(errors="replace").strip().partition(" ")
         raise StepError("cgroup", int(err) if err.isdigit() else 0, why or "the supervisor went away")
 
 
@@ -167,11 +168,15 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("identity")
         from .isolation import identity
 
-        identity.drop_bounding_set()
         if plan.nested_userns:
+            # A new user namespace starts with a full bounding set: empty it inside.
             identity.enter_user_namespace(plan.uid, plan.gid)
-        else:
+            identity.drop_bounding_set()
+        elif plan.uid >= 0:
+            identity.drop_bounding_set()
             identity.become(plan.uid, plan.gid)
+        else:  # an unprivileged caller without namespaces: keep its identity, drop what it can
+            identity.drop_bounding_set(best_effort=True)
         mark("capabilities")
         identity.clear_capabilities()
         mark("no_new_privs")

@@ -75,13 +75,16 @@ def host_facts() -> dict[str, Any]:
         value = _read(path)
         if value is not None:
             sysctls[name] = value
+    from .isolation.cgroups import caller_uid
+
     cap_eff = int(_status_field("CapEff") or "0", 16)
     lsm = _read("/sys/kernel/security/lsm")
+    uid = caller_uid()  # not 0 merely because this process entered a user namespace of its own
     return {
         "kernel": os.uname().release,
         "machine": os.uname().machine,
-        "uid": os.geteuid(),
-        "rootless": os.geteuid() != 0,
+        "uid": uid,
+        "rootless": uid != 0,
         "cap_sys_admin": bool(cap_eff & (1 << 21)),
         "seccomp_mode": int(_status_field("Seccomp") or "0"),  # 2: a filter is on us (a container's?)
         "no_new_privs": _status_field("NoNewPrivs") == "1",
@@ -402,7 +405,7 @@ def format_report(rep: dict[str, Any]) -> str:
     for r in rep["layers"]:
         detail = r["detail"]
         if r["works"] is False and r["step"]:
-            detail = f"{r['step']}: {r['errno_name'] or ''} {detail}".replace("  ", " ")
+            detail = f"[{r['errno_name'] or r['step']}] {detail}"
         lines.append(f"{r['layer']:<{width}}  {_mark(r['works']):<5}  {detail}")
         if r["cause"]:
             lines.append(f"{'':<{width}}         likely cause: {r['cause']}")

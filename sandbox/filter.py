@@ -84,7 +84,7 @@ class _Rule:
 # linear: anchored matches, `(?:.* )?` only inside independent lookaheads, possessive quantifiers
 # wherever a run could otherwise be re-scanned.
 _BLOCKDEV = r"/+dev/+(?:[shv]d[a-z]|xvd[a-z]|nvme[0-9]|mmcblk[0-9]|md[0-9]|dm-[0-9]|disk/|mapper/)"
-_ROOT_ARG = r"(?=(?:.* )?/++\*?+(?: |$))"  # some argument is exactly "/" or "/*" (also "//")
+_ROOT_ARG = r"(?=(?:.* )?/++(?:\*/*+)?+(?: |$))"  # some argument is "/" or "/*" (also "//", "/*/")
 _END = r"(?: |$)"
 
 _RULE_SPECS: tuple[tuple[str, str, str, str], ...] = (
@@ -465,7 +465,8 @@ def _strip_prefixes(words: list[str]) -> list[str]:
         if w in _RESERVED or assign.match(w):
             i += 1
             continue
-        spec = _WRAPPERS.get(_basename(w))
+        base = _basename(w)
+        spec = _WRAPPERS.get(base)
         if spec is None:
             break
         opts_with_arg, positionals = spec
@@ -477,6 +478,8 @@ def _strip_prefixes(words: list[str]) -> list[str]:
                 break
             if not a.startswith("-"):
                 break
+            if base == "command" and a in ("-v", "-V"):
+                return []  # `command -v reboot` only looks the name up
             i += 2 if a in opts_with_arg else 1
         i += positionals
     return words[i:]

@@ -100,7 +100,8 @@ class _ForkSide:
                     pass  # the next unshare then fails with a named error; one-shot forkers need no reset
         if pid == 0:
             try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)  # not the forker's handlers
                 for i, fd in enumerate((fds.stdin, fds.stdout, fds.stderr)):
                     os.dup2(fd, i)
                 from .child import child_main
@@ -251,6 +252,7 @@ class ServerForker:
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = f"import sys; sys.path.insert(0, {pkg_parent!r}); from sandbox.forkserver import main; main()"
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "XDG_CACHE_HOME")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # find what the caller found
         env["SANDBOXRUN_FORKSERVER_FD"] = str(theirs.fileno())
         self._proc = subprocess.Popen(
             [sys.executable, "-s", "-c", code], pass_fds=[theirs.fileno()], env=env,

@@ -52,28 +52,6 @@ def _imports() -> tuple[Any, type[Exception], Any]:
     return FastMCP, ToolError, Field
 
 
-def _plain(obj: Any) -> Any:
-    """A session object or value as JSON-ready data."""
-    import dataclasses
-
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, bytes):
-        return obj.decode(errors="replace")
-    if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    return obj
-
-
-def _as_result(obj: Any, key: str = "value") -> dict[str, Any]:
-    data = _plain(obj)
-    return data if isinstance(data, dict) else {key: data}
-
-
 class Tools:
     """The tool implementations (synchronous; the server runs them in worker threads)."""
 
@@ -96,9 +74,9 @@ class Tools:
 
     def _checked(self, res: Any) -> dict[str, Any]:
         if res.status == "blocked":
-            raise self._fail(f"blocked by the sandbox's first-line filter: {res.block_reason}")
+            raise self._fail(f"blocked, nothing ran: {res.block_reason}")
         if res.status == "setup_error":
-            raise self._fail(f"the sandbox could not be set up: {res.error}")
+            raise self._fail(f"nothing ran: the sandbox could not be set up: {res.error}")
         return res.to_dict()
 
     def _call(self, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
@@ -149,74 +127,60 @@ class Tools:
         v = self._call(check, command, blocklist=p.blocklist, extra_block=p.block, allow=p.allow)
         return {"allowed": v.allowed, "rule": v.rule, "reason": v.reason, "profile": p.name}
 
-    # -- background sessions (sandbox/sessions.py)
-
-    @staticmethod
-    def _sessions() -> Any:
-        try:
-            from . import sessions
-        except ImportError as e:
-            raise InputError(f"background sessions are not available: {e}") from None
-        return sessions
+    # -- background sessions (sandbox/sessions.py); the model sees only the ones this server started
 
     def _get(self, session_id: str) -> Any:
-        mod = self._sessions()
-        for name in ("get", "get_session", "attach", "open_session", "load"):
-            fn = getattr(mod, name, None)
-            if callable(fn):
-                return self._call(fn, session_id)
-        cls = getattr(mod, "Session", None)
-        for name in ("get", "open", "attach", "load"):
-            fn = getattr(cls, name, None)
-            if callable(fn):
-                return self._call(fn, session_id)
-        raise self._fail("background sessions: cannot look a session up by id in this version")
+        from . import sessions
 
-    def start(self, command: str, timeout: float | None = None) -> dict[str, Any]:
-        mod = self._sessions()
-        kw = self._kw(timeout)
-        s = self._call(mod.start, command, shell=True, **kw)
-        data = _as_result(s)
-        if data.get("status") == "blocked" or data.get("status") == "setup_error":
-            raise self._fail(f"{data['status']}: {data.get('block_reason') or data.get('error')}")
-        sid = getattr(s, "id", None) or data.get("id") or data.get("session_id")
-        if sid:
-            self.started.append(str(sid))
-        return data
+        if session_id not in self.started:
+            raise self._fail(f"no session {session_id!r} started by this server (see list)")
+        return self._call(sessions.get, session_id)
+
+    def start(self, command: str, timeout: float | None = None, pty: bool = False,
+              name: str | None = None) -> dict[str, Any]:
+        from . import sessions
+
+        s = self._call(sessions.start, command, shell=True, pty=pty, name=name, **self._kw(timeout))
+        self.started.append(s.id)
+        return s.info()
 
     def list_sessions(self) -> dict[str, Any]:
-        mod = self._sessions()
-        fn = getattr(mod, "list_sessions", None) or mod.list
-        return {"sessions": _plain(self._call(fn))}
+        from . import sessions
+
+        mine = [s for s in self._call(sessions.list_sessions) if s.id in self.started]
+        return {"sessions": [s.info() for s in mine]}
 
     def poll(self, session_id: str) -> dict[str, Any]:
-        return _as_result(self._call(self._get(session_id).poll), "status")
+        return self._call(self._get(session_id).poll).to_dict()
 
-    def log(self, session_id: str, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
-        return _as_result(self._call(self._get(session_id).log, offset=offset, limit=limit), "output")
+    def log(self, session_id: str, offset: int | None = None, limit: int | None = None,
+            stream: str = "output") -> dict[str, Any]:
+        page = self._call(self._get(session_id).log, offset=offset, limit=limit, stream=stream)
+        return {**page.to_dict(), "hint": page.hint()}
 
     def write(self, session_id: str, data: str, eof: bool = False) -> dict[str, Any]:
-        return _as_result(self._call(self._get(session_id).write, data, eof=eof), "written")
+        return {"id": session_id, "written": self._call(self._get(session_id).write, data, eof=eof), "eof": eof}
 
     def send_keys(self, session_id: str, keys: list[str]) -> dict[str, Any]:
-        return _as_result(self._call(self._get(session_id).send_keys, *keys), "sent")
+        return {"id": session_id, "written": self._call(self._get(session_id).send_keys, *keys)}
 
     def kill(self, session_id: str) -> dict[str, Any]:
-        return _as_result(self._call(self._get(session_id).kill), "killed")
+        s = self._get(session_id)
+        res = self._call(s.kill)
+        return {"id": session_id, "state": s.state, "result": res.to_dict() if res else None}
 
     def remove(self, session_id: str) -> dict[str, Any]:
-        out = _as_result(self._call(self._get(session_id).remove), "removed")
-        if session_id in self.started:
-            self.started.remove(session_id)
-        return out
+        res = self._call(self._get(session_id).remove)
+        self.started.remove(session_id)
+        return {"id": session_id, "removed": True, "result": res.to_dict() if res else None}
 
     def close(self) -> None:
         """Kill and remove the background sessions this server started and left behind."""
+        from . import sessions
+
         for sid in list(self.started):
             try:
-                s = self._get(sid)
-                s.kill()
-                s.remove()
+                sessions.get(sid).remove(grace=0.5)
             except Exception:  # noqa: BLE001 - best effort at shutdown; it may be gone already
                 pass
         self.started.clear()
@@ -287,8 +251,12 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
     async def check_command(command: T[str, Field(description="Shell command line to check")]) -> dict[str, Any]:
         return await threaded(tools.check_command)(command=command)
 
-    async def start(command: Cmd, timeout: Timeout = None) -> dict[str, Any]:
-        return await threaded(tools.start)(command=command, timeout=timeout)
+    async def start(command: Cmd, timeout: Timeout = None,
+                    pty: T[bool, Field(description="Give the command a terminal (needed for send_keys and "
+                                       "interactive programs such as shells, REPLs, editors)")] = False,
+                    name: T[str | None, Field(description="Optional name to remember it by")] = None,
+                    ) -> dict[str, Any]:
+        return await threaded(tools.start)(command=command, timeout=timeout, pty=pty, name=name)
 
     async def list_() -> dict[str, Any]:
         return await threaded(tools.list_sessions)()
@@ -297,11 +265,13 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
         return await threaded(tools.poll)(session_id=session_id)
 
     async def log(session_id: Sid,
-                  offset: T[int | None, Field(description="Byte offset to read from (default: "
-                                              "where the last log call stopped)")] = None,
-                  limit: T[int | None, Field(description="At most this many bytes")] = None,
+                  offset: T[int | None, Field(description="First line to show, 0-based (default: the last "
+                                              "`limit` lines)")] = None,
+                  limit: T[int | None, Field(description="At most this many lines (default 200)")] = None,
+                  stream: T[str, Field(description="'output' (both streams interleaved), 'stdout' or "
+                                       "'stderr'")] = "output",
                   ) -> dict[str, Any]:
-        return await threaded(tools.log)(session_id=session_id, offset=offset, limit=limit)
+        return await threaded(tools.log)(session_id=session_id, offset=offset, limit=limit, stream=stream)
 
     async def write(session_id: Sid, data: T[str, Field(description="Text to write to the session's stdin "
                                                         "(include '\\n' to end a line)")],
@@ -327,14 +297,16 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
     add(check_command, "check_command", "Ask whether the sandbox's first-line filter would refuse a command "
         "line, without running it. Returns allowed, rule and reason.")
     add(start, "start", "Start a command in the background (for servers, long jobs, interactive programs). "
-        "Returns the session with its id; then use poll, log, write, send_keys, kill, remove.")
-    add(list_, "list", "List background sessions with their status.")
-    add(poll, "poll", "Status of a background session: running or how it ended (the Result when finished).")
-    add(log, "log", "Read a background session's output from an offset.")
-    add(write, "write", "Write text to a background session's stdin.")
-    add(send_keys, "send_keys", "Send key presses (Enter, C-c, Up, ...) or text to a background session.")
+        "It keeps running after this call returns (until it ends, its timeout, or kill). Returns the session "
+        "with its id; then use poll, log, write, send_keys, kill, remove.")
+    add(list_, "list", "List the background sessions started through this server, with their state.")
+    add(poll, "poll", "New output of a background session since the last poll, its state, and the final "
+        "Result once it ended.")
+    add(log, "log", "Read a background session's output log by lines (offset/limit), without consuming it.")
+    add(write, "write", "Write text to a background session's stdin (or its terminal); eof closes stdin.")
+    add(send_keys, "send_keys", "Send key presses (Enter, C-c, Up, Tab, ...) and text to a background session started with pty.")
     add(kill, "kill", "Stop a background session (SIGTERM to its whole sandbox, then SIGKILL).")
-    add(remove, "remove", "Forget a finished background session and delete its log.")
+    add(remove, "remove", "Kill a background session if it still runs, then forget it and delete its logs.")
     return server, tools
 
 
@@ -359,7 +331,11 @@ def main(argv: list[str]) -> int:
                    help="host directory bound read-write as the workdir of every run (default: a fresh one each run)")
     p.add_argument("--debug", action="store_true", help="log at DEBUG level on stderr")
     ns = p.parse_args(argv)
-    server, tools = build_server(ns.profile, ns.workspace)
+    from .profile import load
+
+    prof = load(ns.profile)  # bad options fail fast, before the SDK's slow import
+    _workspace(ns.workspace)
+    server, tools = build_server(prof, ns.workspace)
     if ns.debug:
         import logging
 

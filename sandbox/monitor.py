@@ -14,10 +14,12 @@ to the monitor kill the sandbox the orderly way (and the Result is still written
 
 Control protocol: one JSON line per connection, one JSON line back ({"ok": ...}).
   write {data: base64}   to the stdin pipe or the terminal (bounded wait if it is full)
+  paste {data: base64}   a write, in ESC[200~ ... ESC[201~ when the program enabled
+                         bracketed paste on its terminal (ESC[?2004h), as a terminal does
   eof                    close stdin (a terminal gets its VEOF character, ^D)
   resize {cols, rows}    TIOCSWINSZ on the terminal (the program gets SIGWINCH)
   kill {grace?}          SIGTERM to the init (it forwards to all), SIGKILL after the grace
-  wait                   answered once the Result is on disk
+  wait {timeout?}        answered once the Result is on disk (or after the timeout)
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ from typing import Any
 
 from .output import CHUNK, Capture
 from .result import Result
-from .sessions import CappedLog, profile_from_json, proc_starttime, read_json, read_log, write_json
+from .sessions import CappedLog, proc_starttime, profile_from_json, read_json, read_log, write_json
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
 MAX_REQUEST = 48 << 20
+START_WAIT = 20.0  # how long the starter is kept waiting for the sandbox's setup
+PASTE_ON, PASTE_OFF = b"\x1b[?2004h", b"\x1b[?2004l"
 
 
 class _Refused(Exception):
@@ -98,6 +102,8 @@ class Monitor:
         self.stdin_r: int | None = None
         self.stdin_w: int | None = None
         self.stdin_note = "stdin was closed (eof)"
+        self.bracketed_paste = False  # the program asked for it (ESC[?2004h) on its terminal
+        self._mode_tail = b""
         self.sock: socket.socket | None = None
         self.killed = False
         self.kill_requested = False
@@ -105,6 +111,7 @@ class Monitor:
         self._meta_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._kill_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
 
     def _p(self, name: str) -> str:
         return os.path.join(self.sdir, name)
@@ -115,13 +122,31 @@ class Monitor:
             write_json(self._p("meta.json"), self.meta)
 
     def _ready(self, status: bytes) -> None:
-        if self.ready_fd >= 0:
+        """Answer the starter once: R (the command runs) or E (it ended first: see result.json)."""
+        with self._ready_lock:
+            if self.ready_fd >= 0:
+                try:
+                    os.write(self.ready_fd, status)
+                except OSError:
+                    pass
+                os.close(self.ready_fd)
+                self.ready_fd = -1
+
+    def _announce(self, pid: int) -> None:
+        """Say R once the init has spawned the command, so a sandbox whose setup fails is
+        reported to the starter as its setup_error, not as a session that runs."""
+        path = f"/proc/{pid}/task/{pid}/children"
+        deadline = time.monotonic() + START_WAIT
+        while not self.ended.is_set() and time.monotonic() < deadline:
             try:
-                os.write(self.ready_fd, status)
+                with open(path, "rb") as f:
+                    if f.read().strip():
+                        break
             except OSError:
-                pass
-            os.close(self.ready_fd)
-            self.ready_fd = -1
+                break  # gone (then ended is set soon), or no such file on this kernel: say R now
+            time.sleep(0.002)
+        if not self.ended.is_set():
+            self._ready(b"R")
 
     # ------------------------------------------------------------------ the run
 
@@ -133,7 +158,8 @@ class Monitor:
         token = secrets.token_hex(8)
         self._set_meta(monitor_pid=os.getpid(), monitor_start=proc_starttime(os.getpid()), log_token=token)
         self.prof = prof = profile_from_json(self.req["profile"])
-        supervisor.use_direct_forker()  # fork from here, while this process has one thread
+        if os.environ.get("SANDBOXRUN_MONITOR_FORKER") != "server":  # TEMP dev knob
+            supervisor.use_direct_forker()  # fork from here, while this process has one thread
         pty = bool(self.req.get("pty"))
         cap = prof.limits.log_size
         self.logs["output"] = CappedLog(self._p("output.log"), cap, token)
@@ -169,6 +195,12 @@ class Monitor:
     def _on_stdout(self, data: bytes) -> None:
         if "stdout" in self.logs:
             self.logs["stdout"].append(data)
+        else:  # a terminal: follow bracketed-paste mode as a terminal emulator does
+            seen = self._mode_tail + data
+            on, off = seen.rfind(PASTE_ON), seen.rfind(PASTE_OFF)
+            if on != off:
+                self.bracketed_paste = on > off
+            self._mode_tail = seen[-(len(PASTE_ON) - 1):]
         self.logs["output"].append(data)
 
     def _on_stderr(self, data: bytes) -> None:
@@ -184,9 +216,9 @@ class Monitor:
             if fd is not None:
                 os.close(fd)
                 setattr(self, name, None)
-        self._set_meta(state="running", pid=pid, started_at=time.time())
+        self._set_meta(state="running", pid=pid, pid_start=proc_starttime(pid), started_at=time.time())
         threading.Thread(target=self._serve, daemon=True).start()
-        self._ready(b"R")
+        threading.Thread(target=self._announce, args=(pid,), daemon=True).start()
         if self.kill_requested:
             threading.Thread(target=self._kill, daemon=True).start()
 
@@ -201,8 +233,8 @@ class Monitor:
             setattr(res, f"{stream}_bytes", total)
             setattr(res, f"{stream}_truncated", total > len(tail))
         res.session_id = self.sid
-        if self.killed and not res.error:
-            res.error = "killed on request"
+        if self.killed:
+            res.error = "killed on request" + (f" ({res.error})" if res.error else "")
         d = res.to_dict()
         d["killed"] = self.killed
         write_json(self._p("result.json"), d)
@@ -301,6 +333,11 @@ class Monitor:
         op = req.get("op")
         if op == "write":
             return {"ok": True, "written": self._write(base64.b64decode(req.get("data", ""), validate=True))}
+        if op == "paste":
+            data = base64.b64decode(req.get("data", ""), validate=True)
+            if self.bracketed_paste:
+                data = b"\x1b[200~" + data + b"\x1b[201~"
+            return {"ok": True, "written": self._write(data)}
         if op == "eof":
             self._eof()
         elif op == "resize":
@@ -317,7 +354,9 @@ class Monitor:
                 raise _Refused("grace must be seconds >= 0")
             self._kill(grace)
         elif op == "wait":
-            self.ended.wait()
+            timeout = req.get("timeout")
+            ended = self.ended.wait(min(float(timeout), 3600.0) if isinstance(timeout, (int, float)) else 3600.0)
+            return {"ok": True, "ended": ended}
         elif op != "status":
             raise _Refused(f"unknown request {op!r}")
         return {"ok": True, "pid": self.meta.get("pid")}

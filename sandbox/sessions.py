@@ -34,6 +34,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -426,6 +427,13 @@ class Session:
             return "running" if m.get("state") == "running" else "starting"
         if os.path.exists(self._path("result.json")):  # it ended between the two reads
             return "exited"
+        if _alive(m.get("pid"), m.get("pid_start")):
+            # Should the kernel not have killed it with its monitor (PR_SET_PDEATHSIG), nothing may
+            # run unsupervised: the pid namespace dies with its init.
+            try:
+                os.kill(m["pid"], signal.SIGKILL)
+            except OSError:
+                pass
         m["state"], m["ended_at"] = "lost", time.time()
         try:
             write_json(self._path("meta.json"), m)  # so the TTL counts from now
@@ -576,7 +584,7 @@ class Session:
             try:  # via /proc/self/fd: a deep state directory would exceed sun_path's 108 bytes
                 sock.connect(f"/proc/self/fd/{dfd}/ctl.sock")
             except OSError as e:
-                if self.state != "running":
+                if self.state in ("exited", "lost"):
                     raise InputError(f"session {self.id} has ended; nothing to send it") from None
                 raise SandboxError(f"session {self.id}: cannot reach its monitor: {e.strerror or e}") from None
             sock.sendall(json.dumps(request).encode() + b"\n")
@@ -625,9 +633,16 @@ class Session:
         return self.write(b"\r" if self.pty else b"\n")
 
     def paste(self, text: str | bytes) -> int:
-        """Paste text; bracketed (ESC[200~ ... ESC[201~) on a terminal, so programs know it is a paste."""
-        data = text.encode() if isinstance(text, str) else bytes(text)
-        return self.write(b"\x1b[200~" + data + b"\x1b[201~" if self.pty else data)
+        """Paste text. On a terminal whose program enabled bracketed paste (ESC[?2004h, as
+        readline, zsh, vim, IPython do) it arrives as ESC[200~ text ESC[201~, like a
+        terminal emulator sends it, so the program takes it as typed text, not keys."""
+        if isinstance(text, str):
+            text = text.encode()
+        if not isinstance(text, (bytes, bytearray)):
+            raise InputError(f"text: expected str or bytes, got {type(text).__name__}")
+        if not text:
+            return 0
+        return int(self._ctl({"op": "paste", "data": base64.b64encode(bytes(text)).decode()})["written"])
 
     def resize(self, cols: int, rows: int) -> None:
         self._need_pty("resize")
@@ -662,7 +677,8 @@ class Session:
             if left is not None and left <= 0:
                 return None
             try:  # the monitor answers (or closes) when the run has ended
-                self._ctl({"op": "wait"}, timeout=left)
+                req: dict[str, Any] = {"op": "wait"} if left is None else {"op": "wait", "timeout": left}
+                self._ctl(req, timeout=None if left is None else left + 5)
             except TimeoutError:
                 continue
             except (SandboxError, OSError):

@@ -43,6 +43,12 @@ _direct: DirectForker | None = None
 _forker_lock = threading.Lock()
 
 
+def _rootless() -> bool:
+    """True for an unprivileged caller, also once the CLI's own process has entered a
+    user namespace (where geteuid() says 0)."""
+    return cgroups.caller_uid() != 0
+
+
 def use_direct_forker() -> None:
     """For a process that is and stays single-threaded (the CLI): fork from here."""
     global _direct
@@ -136,15 +142,16 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
     lim = prof.limits
     return Isolation(
         namespaces=[n for n in prof.namespaces if n != "net" or prof.network == "none"]
-        + (["user"] if plan and (plan.nested_userns or os.geteuid() != 0) and prof.namespaces else []),
-        user_namespace=bool(plan and os.geteuid() != 0 and prof.namespaces),
+        + (["user"] if plan and (plan.nested_userns or _rootless()) and prof.namespaces else []),
+        user_namespace=bool(plan and _rootless() and prof.namespaces),
         filesystem=prof.view if plan else "none",
         uid=plan.uid if plan and plan.uid >= 0 else None,
         host_uid=host_uid,
         network=prof.network,
         seccomp=prof.seccomp,
         no_new_privs=True,
-        capabilities="none",
+        capabilities="none" if plan is None or plan.uid >= 0 or plan.nested_userns
+        else "effective and permitted cleared; the bounding set of an unprivileged caller stays",
         cgroup=cg.version if cg else "none",
         limits={
             "timeout_s": lim.timeout, "cpu_time_s": lim.cpu_time, "memory_bytes": lim.memory if cg else None,
@@ -155,7 +162,19 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
     )
 
 
+def _likely_cause(step: str, err: int) -> str:
+    try:
+        from .doctor import likely_cause
+
+        return likely_cause(step, err)
+    except Exception:  # noqa: BLE001 - a diagnosis must never hide the error itself
+        return ""
+
+
 def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: str, started: float) -> Result:
+    cause = _likely_cause(step, err)
+    if cause and cause not in message:
+        message = f"{message} (likely cause: {cause})"
     return Result(
         command=argv, status="setup_error", profile=prof.name, error=f"{step}: {message}", error_step=step,
         error_errno=err, duration_ms=(time.monotonic() - started) * 1000,
@@ -199,8 +218,8 @@ class _Workdir:
 
 def _identity(cwd: str | None, work: _Workdir) -> tuple[int, int, int | None, Any]:
     """(uid inside, gid inside, host uid, lease) for this run."""
-    if os.geteuid() != 0:
-        return SANDBOX_UID, SANDBOX_UID, os.geteuid(), None
+    if _rootless():
+        return SANDBOX_UID, SANDBOX_UID, cgroups.caller_uid(), None
     if cwd is not None:
         st = os.stat(work.path)  # the caller's directory: run as its owner so it stays writable
         return st.st_uid, st.st_gid, st.st_uid, None
@@ -213,7 +232,7 @@ def _identity(cwd: str | None, work: _Workdir) -> tuple[int, int, int | None, An
 def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
     prof = req.profile
     lim = prof.limits
-    rootless = os.geteuid() != 0
+    rootless = _rootless()
     flags = 0
     for ns in prof.namespaces:
         if ns in ("pid",) or (ns == "net" and prof.network != "none") or (ns == "mount" and prof.view != "private"):
@@ -263,9 +282,9 @@ def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int) -> None:
     """Move the child into its cgroup (while it builds its filesystem), then tell it."""
     try:
         cg.add(pid)
-        msg = b"1"
+        msg = b"1\n"
     except OSError as e:
-        msg = f"0{e.errno or 0} cannot move the sandbox into {cg.dirs[0]}: {e.strerror}".encode()
+        msg = f"0{e.errno or 0} cannot move the sandbox into {cg.dirs[0]}: {e.strerror}\n".encode()
     try:
         os.write(sync_w, msg)
     except OSError:
@@ -313,7 +332,7 @@ def execute(req: Request) -> Result:
     try:
         work = _Workdir(req.cwd, None)
         uid, gid, host_uid, lease = _identity(req.cwd, work)
-        if work.fresh and os.geteuid() == 0:
+        if work.fresh and not _rootless():
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
         out_r, out_w = _pipe(1 << 20)
@@ -356,9 +375,12 @@ def execute(req: Request) -> Result:
             opened.remove(out_r)
             out_r = req.pty_master
         res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
-        res.isolation = _isolation(prof, plan, cg, host_uid)
-        if res.isolation.cgroup == "none" and cg_error:
-            res.isolation.limits["cgroup_unavailable"] = cg_error
+        if res.status != "setup_error":  # nothing was applied to a command that never ran
+            abi = res.isolation.landlock_abi
+            res.isolation = _isolation(prof, plan, cg, host_uid)
+            res.isolation.landlock_abi = abi
+            if res.isolation.cgroup == "none" and cg_error:
+                res.isolation.limits["cgroup_unavailable"] = cg_error
         return res
     finally:
         for fd in opened:
@@ -539,6 +561,9 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
             res.stderr += f"sandboxrun: {msg}\n"
             return
         res.status = "setup_error"
+        cause = _likely_cause(step, err)
+        if cause and cause not in msg:
+            msg = f"{msg} (likely cause: {cause})"
         res.error, res.error_step, res.error_errno = f"{step}: {msg}", step, err
         res.stderr += f"sandboxrun: setup failed at {step}: {msg}\n"
         return

@@ -186,8 +186,9 @@ def latency(cases: dict[str, tuple[str, Callable[[], str | None]]], mode: Mode, 
 
 
 def load_programs(path: str | None, n: int, py: str) -> list[list[str]]:
-    """argv of each program: N copies of a tiny one, or the programs in a JSONL file
-    ({"code": "..."} or {"command": [...]}) or a directory of .py files."""
+    """argv of each program: N copies of a tiny one; or the programs of a JSONL file
+    (optionally .gz) with {"code": "..."}, {"command": [...]} or HumanEval's fields
+    (prompt + canonical_solution + test + check(entry_point)); or a dir of .py files."""
     if path is None:
         return [[py, "-c", PROGRAM] for _ in range(n)]
     p = Path(path)
@@ -195,10 +196,20 @@ def load_programs(path: str | None, n: int, py: str) -> list[list[str]]:
     if p.is_dir():
         codes = [[py, "-c", f.read_text()] for f in sorted(p.glob("*.py"))]
     else:
-        for line in p.read_text().splitlines():
-            if line.strip():
-                d = json.loads(line)
-                codes.append(list(d["command"]) if "command" in d else [py, "-c", d["code"]])
+        import gzip
+
+        text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if "command" in d:
+                codes.append(list(d["command"]))
+            elif "code" in d:
+                codes.append([py, "-c", d["code"]])
+            else:  # HumanEval
+                code = d["prompt"] + d["canonical_solution"] + "\n" + d["test"] + f"\ncheck({d['entry_point']})\n"
+                codes.append([py, "-c", code])
     if not codes:
         raise SystemExit(f"bench: no programs in {path}")
     return codes
@@ -422,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer samples (a minute or so on 2 cores)")
     ap.add_argument("--smoke", action="store_true", help="2 samples per case: proves the script works")
     ap.add_argument("--iterations", type=int, help="latency samples per case (overrides the mode)")
-    ap.add_argument("--programs", help="throughput programs: JSONL ({\"code\"} or {\"command\"}) or a dir of .py")
+    ap.add_argument("--programs", help="throughput programs: JSONL[.gz] ({\"code\"}, {\"command\"} or HumanEval's) "
+                    "or a directory of .py files (default: N copies of a tiny one)")
     ap.add_argument("--python", default="/usr/bin/python3", help="interpreter for the Python cases")
     ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="write the results here")

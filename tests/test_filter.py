@@ -28,6 +28,8 @@ BLOCKED: list[tuple[str, str]] = [
     ("rm -rf -- /", "rm-root"),
     ("rm -rf //", "rm-root"),
     ("rm -rf / tmp", "rm-root"),
+    ("rm -rf /*/", "rm-root"),
+    ("rm\t-rf\t/", "rm-root"),
     ("rm -rf '/'", "rm-root"),
     ('rm -rf "/*"', "rm-root"),
     (shlex.join(["rm", "-rf", "/*"]), "rm-root"),
@@ -186,6 +188,13 @@ ALLOWED: list[str] = [
     "sh -c 'echo hello && ls /'",
     "bash script.sh reboot",
     "REBOOT=1 make",
+    "command -v reboot",
+    "type reboot",
+    "which shutdown",
+    "pkill -f reboot",
+    "git log --grep=reboot",
+    "rm -rf /*.tmp",
+    "rm -rf /tmp/*/",
 ]
 
 

@@ -233,3 +233,12 @@ def test_result_reports_isolation_applied(isolated) -> None:
     assert set(iso.namespaces) >= {"pid", "mount", "net", "ipc", "uts", "cgroup"}
     assert iso.filesystem == "private" and iso.network == "none" and iso.seccomp == "default"
     assert iso.no_new_privs and iso.capabilities == "none"
+
+
+def test_runner_binary_unreachable_through_proc(tmp_path) -> None:
+    code = ("import os\nfor p in ('/proc/1/exe', '/proc/1/mem', '/proc/1/environ'):\n"
+            "    try:\n        open(p, 'rb').read(1); print(p, 'open')\n"
+            "    except OSError as e:\n        print(p, e.errno)")
+    for cwd in (None, tmp_path):  # the per-run uid, and uid 0 for a root-owned workdir
+        r = sandbox.run(py(code), cwd=cwd)
+        assert r.stdout.count(" 13") == 3 and "open" not in r.stdout, (cwd, r.stdout, r.stderr)

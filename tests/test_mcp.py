@@ -144,3 +144,39 @@ def test_bad_workspace_is_a_one_line_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_background_session_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(state))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def body(s: ClientSession) -> None:
+        res = await s.call_tool("start", {"command": "read line; echo got $line; sleep 30"})
+        assert not is_error(res), text(res)
+        sid = structured(res)["id"]
+        assert [x["id"] for x in structured(await s.call_tool("list", {}))["sessions"]] == [sid]
+        assert structured(await s.call_tool("write", {"session_id": sid, "data": "hello\n"}))["written"] == 6
+        seen = ""
+        with anyio.fail_after(30):
+            while "got hello" not in seen:
+                seen += structured(await s.call_tool("poll", {"session_id": sid}))["stdout"]
+                await anyio.sleep(0.05)
+        page = structured(await s.call_tool("log", {"session_id": sid}))
+        assert "got hello" in page["lines"]
+        res = await s.call_tool("send_keys", {"session_id": sid, "keys": ["C-c"]})
+        assert is_error(res) and "terminal" in text(res)
+        d = structured(await s.call_tool("kill", {"session_id": sid}))
+        assert d["result"]["status"] in ("timeout", "signaled")
+        assert structured(await s.call_tool("remove", {"session_id": sid}))["removed"] is True
+        res = await s.call_tool("poll", {"session_id": sid})
+        assert is_error(res) and "no session" in text(res)
+        res = await s.call_tool("poll", {"session_id": "deadbeef"})
+        assert is_error(res) and "no session" in text(res)
+        # one left running: the server kills and removes it when the client goes away
+        await s.call_tool("start", {"command": "sleep 30"})
+
+    with_server(ws, body)
+    assert [p.name for p in state.iterdir()] == []

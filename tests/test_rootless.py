@@ -66,7 +66,7 @@ class Tree:
         return self.path / "home"
 
     def env(self) -> list[str]:
-        return ["env", f"PYTHONPATH={self.path / 'lib'}:{self.path}", f"HOME={self.home}",
+        return ["env", f"PYTHONPATH={self.path / 'lib'}", f"HOME={self.home}",
                 f"XDG_CACHE_HOME={self.home / '.cache'}", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
 
     def as_user(self, args: list[str], *, prefix: list[str] | None = None, timeout: float = 120,
@@ -107,11 +107,12 @@ def tree(test_user: tuple[int, int]) -> Iterator[Tree]:
     try:
         path.chmod(0o755)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(ROOT / "sandbox", path / "sandbox", ignore=ignore)  # profiles symlink -> real copy
         lib = path / "lib"
         lib.mkdir()
+        # Beside its dependencies: the fork server gets sandbox's parent dir on sys.path, not PYTHONPATH.
+        shutil.copytree(ROOT / "sandbox", lib / "sandbox", ignore=ignore)  # profiles symlink -> real copy
         for name in ("prctl", "_prctl", "pyseccomp", "pytest", "_pytest", "pluggy", "iniconfig", "packaging",
-                     "pygments", "psutil"):
+                     "pygments", "psutil", "py"):
             try:
                 src = _module_path(name)
             except ImportError:
@@ -302,7 +303,7 @@ def test_isolation_suite_passes_rootless(tree: Tree) -> None:
     """tests/test_isolation.py, unchanged, as the unprivileged user with the rootless profile."""
     tests = tree.path / "tests" / "test_isolation.py"
     args = [SYS_PYTHON, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p", "sandboxrun_rootless_defaults",
-            f"--rootdir={tree.path}", str(tests)]
+            f"--rootdir={tree.path}", f"--basetemp={tree.home / 'pytest'}", str(tests)]
     for name in ROOTLESS_DESELECT:
         args.append(f"--deselect=tests/test_isolation.py::{name}")
     cp = tree.as_user(args, timeout=300)

@@ -13,6 +13,7 @@ leftovers of a supervisor that was SIGKILLed (`sweep_stale`).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 import signal
@@ -251,10 +252,16 @@ class V1Backend(Backend):
                 if sw:
                     _write(sw, str(limits.memory))
             pids = cg._file("pids.max")
-            if limits.processes is not None and pids:
+            if limits.processes is not None:
+                if not pids:
+                    raise CgroupUnavailable(errno.ENOTSUP, "the v1 pids controller is not mounted: "
+                                            "cannot limit processes")
                 _write(pids, str(limits.processes))
             quota = cg._file("cpu.cfs_quota_us")
-            if limits.cpus and quota:
+            if limits.cpus:
+                if not quota:
+                    raise CgroupUnavailable(errno.ENOTSUP, "the v1 cpu controller is not mounted: "
+                                            "cannot limit CPU")
                 _write(quota, str(int(limits.cpus * 100_000)))
             return cg
         except OSError:
@@ -356,6 +363,22 @@ def _own_v2_cgroup() -> str:
     return "/"
 
 
+@functools.cache
+def caller_uid() -> int:
+    """Our euid as the parent user namespace sees it. The CLI's DirectForker makes its own
+    process root of a user namespace mapped to the caller; geteuid() then says 0, but the
+    cgroup tree still belongs to whoever owned it before."""
+    uid = os.geteuid()
+    try:
+        for line in _read("/proc/self/uid_map").splitlines():
+            inside, outside, count = (int(x) for x in line.split())
+            if inside <= uid < inside + count:
+                return outside + uid - inside
+    except (OSError, ValueError):
+        pass
+    return uid
+
+
 def _enable_controllers(cg_dir: str) -> None:
     """Enable memory/pids/cpu for children of cg_dir, moving the processes in cg_dir into a
     leaf when the "no internal processes" rule refuses it (EBUSY), as nsjail does. The
@@ -418,7 +441,7 @@ def _detect() -> Backend:
                     v1.setdefault(c, point)
         elif v2_root is None:
             v2_root = point
-    uid = os.geteuid()
+    uid = caller_uid()
     if forced == "none":
         raise CgroupUnavailable(errno.ENOTSUP, "cgroups disabled by SANDBOXRUN_CGROUP=none")
     if "memory" in v1 and forced != "v2":

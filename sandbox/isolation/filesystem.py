@@ -133,13 +133,13 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
         _bind_fd(src, target, writable=b.writable)
         os.close(src)
 
+    step[0] = "mount:tmp"
+    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
+
     step[0] = "mount:workdir"
     _mkpoint(root + spec.workdir, True)
     _bind_fd(work_fd, root + spec.workdir, writable=True)
     os.close(work_fd)
-
-    step[0] = "mount:tmp"
-    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
 
     step[0] = "mount:dev"
     dev = f"{root}/dev"

@@ -36,8 +36,13 @@ def enter_user_namespace(inside_uid: int, inside_gid: int) -> None:
     _write("/proc/self/gid_map", f"{inside_gid} {gid} 1\n")
 
 
-def drop_bounding_set() -> None:
-    prctl.capbset.limit()
+def drop_bounding_set(best_effort: bool = False) -> None:
+    """Empty the bounding set (needs CAP_SETPCAP; `best_effort` for callers that lack it)."""
+    try:
+        prctl.capbset.limit()
+    except OSError:
+        if not best_effort:
+            raise
 
 
 def become(uid: int, gid: int) -> None:

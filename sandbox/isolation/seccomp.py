@@ -354,7 +354,9 @@ def load_bpf(prog: bytes) -> None:
 
 
 def default_cache_dir() -> str:
-    if os.geteuid() == 0:
+    from .cgroups import caller_uid  # the real caller, also inside the CLI's user namespace
+
+    if caller_uid() == 0:
         return "/var/cache/sandboxrun"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")

@@ -1,0 +1,259 @@
+"""`sandboxrun start|list|poll|log|write|send-keys|submit|paste|kill|wait|clear|remove`.
+
+Each subcommand is a thin layer over sandbox.sessions; `--json` prints what the
+library returns. A session is named by its id, its name, or a unique id prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import sessions
+from .cli import _Parser, add_run_options, exit_code_for, explain, run_kwargs
+from .errors import InputError
+from .result import Result
+
+EXIT_WAIT_TIMEOUT = 124  # `wait --timeout` ran out while the session still runs (as timeout(1))
+
+
+def _parser(name: str, description: str, with_id: bool = True) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"sandboxrun {name}", description=description)
+    if with_id:
+        p.add_argument("id", help="session id, name, or unique id prefix")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def _ended_line(sid: str, res: Result) -> str:
+    line = explain(res)
+    if res.status == "lost":
+        line = f"sandboxrun: {res.error}"
+    what = f" (exit {res.exit_code})" if res.exit_code >= 0 else f" ({res.signal})" if res.signal else ""
+    return f"sandboxrun: session {sid} ended: {res.status}{what}" + (f"\n{line}" if line else "")
+
+
+def cmd_start(argv: list[str]) -> int:
+    p = _Parser(prog="sandboxrun start", description="Start CMD in a background sandbox session; print its id.",
+                usage="sandboxrun start [OPTIONS] [--name N] [--pty [--cols C --rows R]] -- CMD [ARGS...]")
+    add_run_options(p)
+    p.add_argument("--name", "-n", help="a name to find the session by (default: derived from the command)")
+    p.add_argument("--pty", action="store_true", help="give the command a terminal owned by the session")
+    p.add_argument("--cols", type=int, default=80, help="terminal width (default 80)")
+    p.add_argument("--rows", type=int, default=24, help="terminal height (default 24)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    ns = p.parse_args(argv)
+    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not cmd:
+        p.error("no command given (usage: sandboxrun start [OPTIONS] -- CMD [ARGS...])")
+    kw = run_kwargs(ns)
+    shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
+    try:
+        sess = sessions.start(shell_cmd, shell=ns.shell, name=ns.name, pty=ns.pty, cols=ns.cols, rows=ns.rows,
+                              stdin_file=ns.stdin_file, **kw)
+    except sessions.SessionBlocked as e:
+        if ns.json:
+            _print_json(e.result.to_dict())
+        print(f"sandboxrun: blocked: {e.result.block_reason}", file=sys.stderr)
+        return e.exit_code
+    info = sess.info()
+    if ns.json:
+        _print_json(info)
+    else:
+        print(sess.id)
+        print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}", file=sys.stderr)
+    res = sess.result if info["state"] == "exited" else None
+    if res is not None and (res.status == "setup_error" or (res.error and res.exit_code in (126, 127))):
+        # It never ran: a setup failure (125) or an exec failure (127 not found, 126 not executable).
+        print(f"sandboxrun: session {sess.id} did not start: {res.error}", file=sys.stderr)
+        return exit_code_for(res)
+    return 0
+
+
+def _age(ts: Any) -> str:
+    if not isinstance(ts, (int, float)):
+        return "-"
+    s = max(0, int(time.time() - ts))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def cmd_list(argv: list[str]) -> int:
+    p = _parser("list", "List background sessions, running and finished.", with_id=False)
+    ns = p.parse_args(argv)
+    rows = [s.info() for s in sessions.list_sessions()]
+    if ns.json:
+        _print_json(rows)
+        return 0
+    if not rows:
+        print("no sessions", file=sys.stderr)
+        return 0
+    print(f"{'ID':<9} {'STATE':<8} {'PID':>7} {'AGE':>5} {'RESULT':<16} NAME")
+    for r in rows:
+        result = ""
+        if r.get("status"):
+            code = r.get("exit_code")
+            result = r["status"] + (f" {code}" if isinstance(code, int) and code >= 0 else "")
+        pid = r["pid"] if r["pid"] is not None else "-"
+        print(f"{r['id']:<9} {r['state']:<8} {pid:>7} {_age(r.get('created')):>5} {result:<16} "
+              f"{r['name']}{'  [pty]' if r['pty'] else ''}")
+    return 0
+
+
+def cmd_poll(argv: list[str]) -> int:
+    p = _parser("poll", "Print the output since the last poll, and say whether the session ended.")
+    ns = p.parse_args(argv)
+    sess = sessions.get(ns.id)
+    pr = sess.poll()
+    if ns.json:
+        _print_json(pr.to_dict())
+        return 0
+    if pr.dropped:
+        print(f"sandboxrun: {pr.dropped} bytes were dropped from the log before this poll", file=sys.stderr)
+    sys.stdout.write(pr.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(pr.stderr)
+    if pr.ended and pr.result is not None:
+        print(_ended_line(sess.id, pr.result), file=sys.stderr)
+    return 0
+
+
+def cmd_log(argv: list[str]) -> int:
+    p = _parser("log", "Print lines of a session's log (default: the last 200).")
+    p.add_argument("--offset", type=int, help="first line to show (0-based; default: the tail)")
+    p.add_argument("--limit", type=int, help="how many lines (default 200)")
+    p.add_argument("--stream", choices=("output", "stdout", "stderr"), default="output",
+                   help="output (both streams as they came, default), stdout or stderr")
+    ns = p.parse_args(argv)
+    page = sessions.get(ns.id).log(ns.offset, ns.limit, ns.stream)
+    if ns.json:
+        _print_json(page.to_dict())
+        return 0
+    for line in page.lines:
+        print(line)
+    hint = page.hint()
+    if hint:
+        print(f"sandboxrun: {hint}", file=sys.stderr)
+    return 0
+
+
+def _ack(ns: argparse.Namespace, n: int) -> int:
+    if ns.json:
+        _print_json({"id": ns.id, "ok": True, "written": n})
+    return 0
+
+
+def cmd_write(argv: list[str]) -> int:
+    p = _parser("write", "Write DATA to the session's stdin (its terminal with --pty).")
+    p.add_argument("data", nargs="?", default="", help="the bytes to write (exactly as given)")
+    p.add_argument("--newline", "-l", action="store_true", help="append a newline")
+    p.add_argument("--stdin", action="store_true", help="read the data from this command's stdin")
+    p.add_argument("--eof", action="store_true", help="then close the session's stdin")
+    ns = p.parse_args(argv)
+    data = sys.stdin.buffer.read() if ns.stdin else ns.data.encode()
+    if ns.stdin and ns.data:
+        raise InputError("write: give DATA or --stdin, not both")
+    if ns.newline:
+        data += b"\n"
+    if not data and not ns.eof:
+        raise InputError("write: nothing to write (give DATA, --stdin or --eof)")
+    return _ack(ns, sessions.get(ns.id).write(data, eof=ns.eof))
+
+
+def cmd_send_keys(argv: list[str]) -> int:
+    p = _parser("send-keys", "Send keys to a PTY session: named keys (Enter, Tab, Escape, Up, Down, Left, Right, "
+                             "Home, End, PageUp, PageDown, BSpace, Delete, F1-F12, C-c, M-x) and literal text.")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.add_argument("--literal", "-L", action="store_true", help="send every KEY as literal text")
+    ns = p.parse_args(argv)
+    return _ack(ns, sessions.get(ns.id).send_keys(*ns.keys, literal=ns.literal))
+
+
+def cmd_submit(argv: list[str]) -> int:
+    p = _parser("submit", "Press Enter in the session (a newline on a plain stdin).")
+    ns = p.parse_args(argv)
+    return _ack(ns, sessions.get(ns.id).submit())
+
+
+def cmd_paste(argv: list[str]) -> int:
+    p = _parser("paste", "Paste TEXT into the session (bracketed paste on a terminal).")
+    p.add_argument("text")
+    ns = p.parse_args(argv)
+    return _ack(ns, sessions.get(ns.id).paste(ns.text))
+
+
+def _finished(ns: argparse.Namespace, sid: str, res: Result | None, verb: str) -> int:
+    if res is None:
+        if ns.json:
+            _print_json({"id": sid, "state": "running"})
+        else:
+            print(f"sandboxrun: session {sid} is still running ({verb} timed out)", file=sys.stderr)
+        return EXIT_WAIT_TIMEOUT
+    if ns.json:
+        d = res.to_dict()
+        _print_json(d)
+    else:
+        print(_ended_line(sid, res), file=sys.stderr)
+    return 0 if verb == "kill" else exit_code_for(res)
+
+
+def cmd_kill(argv: list[str]) -> int:
+    p = _parser("kill", "Stop the session's whole sandbox: SIGTERM, then SIGKILL after the grace.")
+    p.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default: the profile's)")
+    ns = p.parse_args(argv)
+    if ns.grace is not None and ns.grace < 0:
+        raise InputError("--grace: expected seconds >= 0")
+    sess = sessions.get(ns.id)
+    return _finished(ns, sess.id, sess.kill(ns.grace), "kill")
+
+
+def cmd_wait(argv: list[str]) -> int:
+    p = _parser("wait", "Wait until the session ends; exit with its command's code (124 if --timeout ran out).")
+    p.add_argument("--timeout", type=float, help="give up after this many seconds")
+    ns = p.parse_args(argv)
+    if ns.timeout is not None and ns.timeout < 0:
+        raise InputError("--timeout: expected seconds >= 0")
+    sess = sessions.get(ns.id)
+    return _finished(ns, sess.id, sess.wait(ns.timeout), "wait")
+
+
+def cmd_clear(argv: list[str]) -> int:
+    p = _parser("clear", "Forget a finished session (its logs and result).")
+    ns = p.parse_args(argv)
+    sess = sessions.get(ns.id)
+    sess.clear()
+    if ns.json:
+        _print_json({"id": sess.id, "cleared": True})
+    return 0
+
+
+def cmd_remove(argv: list[str]) -> int:
+    p = _parser("remove", "Kill the session if it runs, then forget it.")
+    ns = p.parse_args(argv)
+    sess = sessions.get(ns.id)
+    res = sess.remove()
+    if ns.json:
+        _print_json({"id": sess.id, "removed": True, "result": res.to_dict() if res else None})
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "start": cmd_start, "list": cmd_list, "poll": cmd_poll, "log": cmd_log, "write": cmd_write,
+    "send-keys": cmd_send_keys, "submit": cmd_submit, "paste": cmd_paste, "kill": cmd_kill, "wait": cmd_wait,
+    "clear": cmd_clear, "remove": cmd_remove,
+}
+
+
+def main(argv: list[str]) -> int:
+    """argv[0] is the subcommand; errors propagate to sandbox.cli.main (one line, exit 2)."""
+    if not argv or argv[0] not in COMMANDS:
+        raise InputError(f"unknown session subcommand {argv[:1]!r} (known: {', '.join(COMMANDS)})")
+    return COMMANDS[argv[0]](argv[1:])

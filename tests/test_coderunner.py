@@ -1,0 +1,171 @@
+"""The code runner: a script, one function of it, or one statement, in the sandbox;
+the script read-only inside, nothing written next to it on the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox.coderunner import run_code, run_python
+from sandbox.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """\
+import sys
+
+def add(a, b):
+    print("adding")
+    return a + b
+
+def nothing():
+    print("side effect")
+
+def odd():
+    return {1, 2}
+
+async def later(x):
+    return [x, x]
+
+class Box:
+    @staticmethod
+    def size():
+        return 3
+
+def fail():
+    raise ValueError("bad input")
+
+if __name__ == "__main__":
+    print("main", sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_sandbox(isolated) -> None:
+    pass
+
+
+@pytest.fixture
+def calc(tmp_path: Path) -> Path:
+    p = tmp_path / "calc.py"
+    p.write_text(SCRIPT)
+    return p
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", "python", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_script_with_args(calc: Path) -> None:
+    r = run_python(calc, ["1", "two"])
+    assert r.status == "ok" and r.stdout == "main ['1', 'two']\n" and not r.returned
+    assert r.command == ["python3", "/sandbox/script/calc.py", "1", "two"]
+
+
+def test_function_return_value_is_json(calc: Path) -> None:
+    r = run_python(calc, [2, 3], function="add")
+    assert (r.status, r.returned, r.return_value, r.return_type) == ("ok", True, 5, "int")
+    assert r.stdout == "adding\n"  # the value's line is taken out of stdout
+    assert run_python(calc, [[1], [2]], function="add").return_value == [1, 2]
+    assert run_python(calc, function="Box.size").return_value == 3
+    assert run_python(calc, ["x"], function="later").return_value == ["x", "x"]
+
+
+def test_none_and_unencodable_values(calc: Path) -> None:
+    r = run_python(calc, function="nothing")
+    assert r.returned and r.return_value is None and r.return_type == "NoneType" and r.stdout == "side effect\n"
+    r = run_python(calc, function="odd")
+    assert r.returned and r.return_value is None and r.return_repr == "{1, 2}" and r.return_type == "set"
+
+
+def test_statement_in_the_script_namespace(calc: Path) -> None:
+    r = run_python(calc, statement="add(20, 22)")
+    assert r.return_value == 42 and r.stdout == "adding\n"
+    r = run_python(calc, ["a"], statement="import sys\nprint(sys.argv[1:], add.__name__)")
+    assert r.returned and r.return_value is None and r.stdout == "['a'] add\n"
+
+
+def test_function_errors_are_the_programs(calc: Path) -> None:
+    r = run_python(calc, function="fail")
+    assert r.status == "nonzero_exit" and r.exit_code == 1 and not r.returned
+    assert "ValueError: bad input" in r.stderr
+    r = run_python(calc, function="missing")
+    assert r.exit_code == 1 and "has no function 'missing'" in r.stderr
+
+
+def test_script_is_read_only_and_host_dir_untouched(tmp_path: Path) -> None:
+    p = tmp_path / "w.py"
+    p.write_text("open(__file__, 'a').write('x')\n")
+    p.chmod(0o600)  # still readable inside: the sandbox runs a private copy
+    before = sorted(os.listdir(tmp_path))
+    r = run_python(p)
+    assert r.status == "nonzero_exit" and ("Read-only file system" in r.stderr or "Permission denied" in r.stderr)
+    assert sorted(os.listdir(tmp_path)) == before and p.read_text() == "open(__file__, 'a').write('x')\n"
+
+
+def test_workdir_and_timeout_pass_through(calc: Path, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("42")
+    p = tmp_path / "readit.py"
+    p.write_text("import os\nprint(os.getcwd(), open('data.txt').read())\n")
+    assert run_python(p, cwd=tmp_path).stdout == "/work 42\n"
+    p.write_text("import time\ntime.sleep(10)\n")
+    assert run_python(p, timeout=0.5).status == "timeout"
+
+
+def test_bad_input_raises(calc: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        run_python(tmp_path / "nope.py")
+    with pytest.raises(InputError, match="is a directory"):
+        run_python(tmp_path)
+    with pytest.raises(InputError, match="not both"):
+        run_python(calc, function="add", statement="1")
+    with pytest.raises(InputError, match="Python name"):
+        run_python(calc, function="os.system('x')")
+    with pytest.raises(InputError, match="invalid Python"):
+        run_python(calc, statement="1 +")
+    with pytest.raises(InputError, match="must be strings"):
+        run_python(calc, [1])
+    with pytest.raises(InputError, match="JSON-encodable"):
+        run_python(calc, [object()], function="add")
+
+
+def test_content_scan_blocks_with_reason(calc: Path, tmp_path: Path) -> None:
+    prof = tmp_path / "scan.toml"
+    prof.write_text('extends = "strict"\nname = "scanned"\n[filter]\nscan = ["^import\\\\s+socket", "os\\\\.system"]\n')
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\nimport socket\n")
+    r = run_python(bad, profile=str(prof))
+    assert r.status == "blocked" and r.blocked and "line 2" in r.block_reason and "socket" in r.block_reason
+    r = run_python(calc, statement="__import__('os').system('id')", profile=str(prof))
+    assert r.status == "ok"  # no match: `os.system` is not in the text
+    r = run_python(calc, statement="import os; os.system('id')", profile=str(prof))
+    assert r.status == "blocked"
+    assert run_python(calc, [1, 2], function="add", profile=str(prof)).return_value == 3
+    assert run_code("import socket", profile=str(prof)).status == "blocked"
+
+
+def test_run_code() -> None:
+    r = run_code("import sys; print(sys.argv[1:])", ["a", "b"])
+    assert r.stdout == "['a', 'b']\n"
+
+
+def test_cli(calc: Path) -> None:
+    r = cli("calc.py", "2", "3", "--function", "add", cwd=calc.parent)
+    assert (r.returncode, r.stdout) == (0, "adding\n5\n"), r.stderr
+    r = cli("--statement", "add('a', 'b')", "calc.py", cwd=calc.parent)
+    assert (r.returncode, r.stdout) == (0, 'adding\n"ab"\n'), r.stderr
+    r = cli("calc.py", "--", "-v", "--x", cwd=calc.parent)
+    assert (r.returncode, r.stdout) == (0, "main ['-v', '--x']\n"), r.stderr
+    r = cli("--json", "-f", "odd", "calc.py", cwd=calc.parent)
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["return_repr"] == "{1, 2}" and d["return_type"] == "set"
+    r = cli("calc.py", "-f", "fail", cwd=calc.parent)
+    assert r.returncode == 1 and "ValueError" in r.stderr
+    r = cli("nope.py", cwd=calc.parent)
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

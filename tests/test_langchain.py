@@ -1,0 +1,58 @@
+"""SandboxTool as a LangChain agent calls it: plain arguments and tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langchain_core")
+
+from langchain_core.messages import ToolMessage  # noqa: E402
+
+from sandbox.integrations.langchain import SandboxTool  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_sandbox(isolated) -> None:
+    pass
+
+
+def test_plain_invoke_returns_compact_text() -> None:
+    tool = SandboxTool()
+    out = tool.invoke({"command": "echo hi; echo oops >&2; exit 3"})
+    assert out == "exit code: 3\nstatus: nonzero_exit\nstdout:\nhi\nstderr:\noops"
+    assert tool.invoke({"command": "true"}) == "exit code: 0\nstatus: ok\n(no output)"
+
+
+def test_tool_call_returns_tool_message_with_result_artifact() -> None:
+    tool = SandboxTool()
+    msg = tool.invoke({"name": tool.name, "args": {"command": "echo hi"}, "id": "call-1", "type": "tool_call"})
+    assert isinstance(msg, ToolMessage) and msg.tool_call_id == "call-1" and msg.status == "success"
+    assert msg.content == "exit code: 0\nstatus: ok\nstdout:\nhi"
+    assert msg.artifact["status"] == "ok" and msg.artifact["stdout"] == "hi\n" and msg.artifact["profile"] == "strict"
+
+
+def test_why_it_ended() -> None:
+    tool = SandboxTool()
+    out = tool.invoke({"command": "sleep 5", "timeout": 0.5})
+    assert "status: timeout (wall timeout of 0.5s)" in out and "exit code: none" in out
+    out = tool.invoke({"command": "rm -rf /"})
+    assert out.startswith("blocked: nothing ran.")
+
+
+def test_bad_input_is_an_error_message_not_an_exception() -> None:
+    tool = SandboxTool()
+    msg = tool.invoke({"name": tool.name, "args": {"command": "true", "timeout": 100000}, "id": "2",
+                       "type": "tool_call"})
+    assert msg.status == "error" and "max_timeout" in msg.content
+
+
+def test_schema_workspace_and_async(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("from host\n")
+    tool = SandboxTool(workspace=str(tmp_path), max_output_chars=4)
+    schema = tool.tool_call_schema.model_json_schema()
+    assert schema["required"] == ["command"] and set(schema["properties"]) == {"command", "timeout"}
+    out = asyncio.run(tool.ainvoke({"command": "cat f.txt"}))
+    assert out.endswith("stdout:\nfrom\n[... 6 more characters not shown]")

@@ -1,0 +1,210 @@
+"""LLM JSON payloads (run_command, run_code_script), valid and broken, through the
+CLI as an executor pipes them, and through sandbox.payload.execute."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.payload import execute, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(payload: str | dict[str, Any], *args: str, cwd: Path | None = None) -> tuple[int, dict[str, Any]]:
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    r = subprocess.run([sys.executable, "-m", "sandbox", "payload", *args], input=text.encode(),
+                       capture_output=True, timeout=120, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert b"Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def cmd(command: str | None, **props: str | None) -> dict[str, Any]:
+    plist: list[dict[str, Any]] = [{"name": "command", "value": command}] if command is not None else []
+    plist += [{"name": k, "value": v} if v is not None else {"name": k} for k, v in props.items()]
+    return {"action": "run_command", "thinking": "list files", "sequential": {"prompt": "next step"},
+            "properties": plist}
+
+
+def code(**props: str | None) -> dict[str, Any]:
+    return {"action": "run_code_script",
+            "properties": [{"name": k, "value": v} if v is not None else {"name": k} for k, v in props.items()]}
+
+
+@pytest.fixture
+def calc(tmp_path: Path) -> Path:
+    p = tmp_path / "calc.py"
+    p.write_text("import sys\n"
+                 "def add(a, b):\n    print('adding')\n    return a + b\n"
+                 "def greet(name):\n    return {'hello': name}\n"
+                 "if __name__ == '__main__':\n    print('args', sys.argv[1:])\n")
+    return p
+
+
+# ---------------------------------------------------------------------------- valid payloads
+
+
+def test_run_command_reply(isolated, tmp_path: Path) -> None:
+    (tmp_path / "here.txt").write_text("x")
+    rc, d = cli(cmd("ls; pwd; echo $K; echo err >&2", env='{"K": "V"}', cwd=None, timeout="30", shell="true",
+                    shelltype=None, description="list the directory"), cwd=tmp_path)
+    assert rc == 0 and d["status"] == "ok" and d["returncode"] == 0 and d["exit_code"] == 0
+    assert d["stdout"] == "here.txt\n/work\nV\n" and d["stderr"] == "err\n"
+    assert d["sequential"] == {"prompt": "next step"} and d["prompt"] == "next step"
+    assert d["action"] == "run_command" and d["profile"] == "strict"
+    assert d["isolation"]["limits"]["output_bytes"] == 1_000_000
+    assert d["isolation"]["limits"]["timeout_s"] == 30
+
+
+def test_exit_code_and_timeout(isolated, tmp_path: Path) -> None:
+    rc, d = cli(cmd("exit 3"), cwd=tmp_path)
+    assert rc == 3 and d["returncode"] == 3 and d["status"] == "nonzero_exit"
+    rc, d = cli(cmd("sleep 10", timeout="0.5"), cwd=tmp_path)
+    assert rc == 124 and d["returncode"] == 124 and d["status"] == "timeout" and d["timed_out"]
+
+
+def test_bash_shelltype_and_no_shell(isolated, tmp_path: Path) -> None:
+    d = execute(json.dumps(cmd('echo "$BASH_VERSION" | cut -c1', shelltype="bash")), base=str(tmp_path))
+    assert d["command"][0] == "/bin/bash" and d["stdout"].strip().isdigit()
+    d = execute(json.dumps(cmd("echo $HOME 'a b'", shell="false")), base=str(tmp_path))
+    assert d["command"] == ["echo", "$HOME", "a b"] and d["stdout"] == "$HOME a b\n"
+
+
+def test_relative_cwd_and_output_cap(isolated, tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f").write_text("in sub\n")
+    d = execute(json.dumps(cmd("cat f", cwd="sub")), base=str(tmp_path))
+    assert d["stdout"] == "in sub\n"
+    d = execute(json.dumps(cmd("head -c 3000000 /dev/zero")), base=str(tmp_path))
+    assert d["stdout_truncated"] and d["stdout_bytes"] == 3_000_000 and len(d["stdout"]) == 1_000_000
+
+
+def test_code_script_three_methods(isolated, calc: Path) -> None:
+    base = str(calc.parent)
+    d = execute(json.dumps(code(scriptPath="calc.py", args="1 'two words'")), base=base)
+    assert d["stdout"] == "args ['1', 'two words']\n" and d["returncode"] == 0
+    d = execute(json.dumps(code(scriptPath="./", fileName="calc.py", method="function", args="add 2 3")), base=base)
+    assert d["return_value"] == 5 and d["stdout"] == "adding\n" and d["returned"]
+    d = execute(json.dumps(code(scriptPath=str(calc), method="function", args="greet world")), base=base)
+    assert d["return_value"] == {"hello": "world"}
+    d = execute(json.dumps(code(scriptPath="calc.py", method="statement", args="add('a', 'b') * 2")), base=base)
+    assert d["return_value"] == "abab" and d["status"] == "ok"
+
+
+def test_code_script_through_cli(isolated, calc: Path) -> None:
+    rc, d = cli(code(scriptPath="calc.py", method="function", args="add 40 2", timeout="20"), cwd=calc.parent)
+    assert rc == 0 and d["return_value"] == 42 and d["action"] == "run_code_script"
+    rc, d = cli(code(scriptPath="calc.py", method="function", args="nope"), cwd=calc.parent)
+    assert rc == 1 and "no function 'nope'" in d["stderr"]
+
+
+def test_dry_run_runs_nothing(tmp_path: Path) -> None:
+    rc, d = cli(cmd("touch made", timeout="5"), "--dry-run", cwd=tmp_path)
+    assert rc == 0 and d["dry_run"] and not (tmp_path / "made").exists()
+    req, box = d["request"], d["sandbox"]
+    assert req["argv"] == ["/bin/sh", "-c", "touch made"] and req["timeout"] == 5 and req["cwd"] == str(tmp_path)
+    assert box["profile"] == "strict" and box["limits"]["timeout"] == 5 and box["network"] == "none"
+    work = [m for m in box["mounts"] if m.get("workdir")]
+    assert work == [{"source": str(tmp_path), "target": "/work", "mode": "rw", "workdir": True}]
+    assert {"source": "/usr", "target": "/usr", "mode": "ro"} in box["mounts"]
+    assert d["prompt"] == "next step"
+
+
+def test_dry_run_code_script(calc: Path) -> None:
+    d = execute(json.dumps(code(scriptPath="calc.py", method="function", args="add 1 2")), dry_run=True,
+                base=str(calc.parent))
+    assert d["request"]["script"] == str(calc) and d["request"]["function"] == "add"
+    assert d["request"]["args"] == [1, 2] and d["request"]["script_inside"] == "/sandbox/script/calc.py"
+    assert any(m["source"] == str(calc) and m["mode"] == "ro" for m in d["sandbox"]["mounts"])
+
+
+# ---------------------------------------------------------------------------- broken payloads
+
+
+BROKEN = [
+    ("{not json", "payload", "invalid JSON"),
+    ("", "payload", "empty"),
+    ("[1, 2]", "payload", "JSON object"),
+    ('{"properties": []}', "action", "missing"),
+    ('{"action": "delete_everything", "properties": []}', "action", "unknown action"),
+    ('{"action": "run_command", "props": []}', "props", "unknown key"),
+    ('{"action": "run_command"}', "properties", "missing"),
+    ('{"action": "run_command", "properties": {"command": "ls"}}', "properties", "list"),
+    ('{"action": "run_command", "properties": ["ls"]}', "properties[0]", "object"),
+    (json.dumps(cmd(None)), "command", "missing"),
+    (json.dumps(cmd("   ")), "command", "missing"),
+    (json.dumps(cmd("ls", colour="red")), "colour", "unknown property"),
+    ('{"action": "run_command", "properties": [{"name": "command", "value": ["ls"]}]}', "command", "string"),
+    (json.dumps(cmd("ls") | {"properties": [{"name": "command", "value": "ls"}, {"name": "timeout", "value": 30}]}),
+     "timeout", "must be a string, got number"),
+    (json.dumps(cmd("ls", timeout="121")), "timeout", "out of range"),
+    (json.dumps(cmd("ls", timeout="0")), "timeout", "out of range"),
+    (json.dumps(cmd("ls", timeout="soon")), "timeout", "number of seconds"),
+    (json.dumps(cmd("ls", timeout="nan")), "timeout", "out of range"),
+    (json.dumps(cmd("ls", shell="maybe")), "shell", "true"),
+    (json.dumps(cmd("ls", shelltype="windowsps")), "shelltype", "not supported on Linux"),
+    (json.dumps(cmd("ls", shelltype="maccmd")), "shelltype", "not supported on Linux"),
+    (json.dumps(cmd("ls", shelltype="windowsbat")), "shelltype", "not supported on Linux"),
+    (json.dumps(cmd("ls", shelltype="fish")), "shelltype", "unknown shell"),
+    (json.dumps(cmd("ls", env="K=V")), "env", "JSON object"),
+    (json.dumps(cmd("ls", env='["K"]')), "env", "JSON object"),
+    (json.dumps(cmd("ls", env='{"K": 1}')), "env.K", "string"),
+    (json.dumps(cmd("ls", env='{"A=B": "x"}')), "env", "invalid variable"),
+    (json.dumps(cmd("ls", cwd="/no/such/dir")), "cwd", "no such directory"),
+    (json.dumps(cmd("ls", cwd="/etc")), "cwd", "system directory"),
+    (json.dumps(cmd("ls", cwd="/")), "cwd", "system directory"),
+    (json.dumps(cmd("ls 'unbalanced", shell="false")), "command", "cannot split"),
+    (json.dumps(cmd("ls") | {"sequential": "p"}), "sequential", "object"),
+    ('{"action": "run_command", "properties": [{"name": "command", "value": "ls"}, '
+     '{"name": "command", "value": "pwd"}]}', "command", "more than once"),
+    (json.dumps(code(method="function")), "scriptPath", "missing"),
+    (json.dumps(code(scriptPath="nope.py")), "scriptPath", "no such file"),
+    (json.dumps(code(scriptPath="./")), "fileName", "directory"),
+    (json.dumps(code(scriptPath="calc.py", method="eval")), "method", "unknown method"),
+    (json.dumps(code(scriptPath="calc.py", method="function")), "args", "function name"),
+    (json.dumps(code(scriptPath="calc.py", method="function", args="1bad")), "args", "function name"),
+    (json.dumps(code(scriptPath="calc.py", method="statement")), "args", "statement"),
+    (json.dumps(code(scriptPath="calc.py", command="ls")), "command", "unknown property for run_code_script"),
+    (json.dumps(code(scriptPath="data.txt")), "scriptPath", "Python script"),
+    (json.dumps(code(scriptPath="calc.py", shelltype="windowsps")), "shelltype", "not supported on Linux"),
+]
+
+
+@pytest.mark.parametrize(("payload", "field", "words"), BROKEN)
+def test_broken_payload_names_the_field(payload: str, field: str, words: str, calc: Path) -> None:
+    (calc.parent / "data.txt").write_text("x")
+    d = execute(payload, base=str(calc.parent))
+    assert list(d) == ["error"], d
+    assert d["error"]["field"] == field and words in d["error"]["message"], d
+
+
+def test_broken_payload_cli_exit_2(tmp_path: Path) -> None:
+    for payload, field in (("{oops", "payload"), (json.dumps(cmd("ls", timeout="500")), "timeout"),
+                           (json.dumps(cmd("ls", shelltype="windowsps")), "shelltype")):
+        rc, d = cli(payload, cwd=tmp_path)
+        assert rc == 2 and d["error"]["field"] == field
+
+
+def test_bad_profile_is_a_one_line_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "sandbox", "payload", "--profile", "nope"], input=b"{}",
+                       capture_output=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and b"unknown profile" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_parse_normalises(tmp_path: Path) -> None:
+    req = parse(json.dumps(cmd("ls", timeout="12s", shell="FALSE", cwd=".", env='{"A": "b"}')), base=str(tmp_path))
+    assert (req.timeout, req.shell, req.cwd, req.env, req.argv) == (12.0, False, str(tmp_path), {"A": "b"}, ["ls"])
+    assert req.prompt == "next step" and req.has_prompt
+    req = parse(json.dumps(cmd("ls")).encode(), base=str(tmp_path))
+    assert (req.timeout, req.shell, req.argv) == (30.0, True, ["/bin/sh", "-c", "ls"])
+
+
+def test_blocked_command_is_a_result_not_an_error(isolated, tmp_path: Path) -> None:
+    rc, d = cli(cmd("rm -rf /"), cwd=tmp_path)
+    assert rc == 125 and d["status"] == "blocked" and d["blocked"] and d["block_reason"]

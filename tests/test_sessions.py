@@ -1,0 +1,391 @@
+"""Background sessions: start, find from another process, drive, kill, lose the monitor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import marker
+
+import sandbox
+from sandbox import sessions
+from sandbox.errors import InputError, ProfileError, SandboxError
+
+ROOT = Path(sandbox.__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated) -> Iterator[Path]:
+    """A private state directory per test; whatever a test left running is removed."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(d))
+    monkeypatch.delenv("SANDBOXRUN_SESSION_TTL", raising=False)
+    yield d
+    if d.exists():
+        for s in sessions.list_sessions(sweep=False):
+            try:
+                s.remove(grace=0)
+            except SandboxError:
+                pass
+
+
+def cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    """A fresh `sandboxrun` process (the caller that exits)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
+                          timeout=timeout, env=env)
+
+
+def until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
+    """Poll `cond` until it is truthy; a bounded wait, never a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def alive_with(mark: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(mark in part for part in (p.info["cmdline"] or [])):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def gone(pid: int | None) -> bool:
+    return pid is None or sessions.proc_starttime(pid) is None
+
+
+def output_until(s: sessions.Session, text: str, timeout: float = 10.0) -> str:
+    seen = []
+
+    def check() -> bool:
+        p = s.poll()
+        seen.append(p.stdout + p.stderr)
+        return text in "".join(seen)
+
+    until(check, timeout, f"{text!r} in the output of {s.id}")
+    return "".join(seen)
+
+
+# ---------------------------------------------------------------------------- library
+
+
+def test_start_write_poll_wait() -> None:
+    s = sandbox.start(["sh", "-c", 'echo ready; while read -r l; do echo "got $l"; done; echo bye >&2; exit 3'])
+    assert sessions.ID_RE.match(s.id) and s.state == "running" and s.pid and not gone(s.pid)
+    assert output_until(s, "ready") == "ready\n"
+    assert s.write("one\n") == 4
+    assert "got one" in output_until(s, "got one")
+    assert s.poll().stdout == ""  # nothing new since the last poll
+    s.write("two\n", eof=True)
+    res = s.wait(20)
+    assert res is not None and (res.status, res.exit_code) == ("nonzero_exit", 3), res
+    assert res.stdout == "ready\ngot one\ngot two\n" and res.stderr == "bye\n" and res.session_id == s.id
+    assert res.isolation.filesystem == "private" and "pid" in res.isolation.namespaces
+    last = s.poll()
+    assert last.ended and last.stdout == "got two\n" and last.stderr == "bye\n" and last.result.exit_code == 3
+    until(lambda: gone(s.meta["monitor_pid"]), what="the monitor to exit")
+    with pytest.raises(InputError, match="ended"):
+        s.write("late\n")
+    s.clear()
+    assert sessions.list_sessions() == []
+
+
+def test_state_files_are_private(state: Path) -> None:
+    s = sandbox.start(["sleep", "30"], name="perm")
+    assert (state.stat().st_mode & 0o777) == 0o700
+    assert (os.stat(s.dir).st_mode & 0o777) == 0o700
+    for name in ("meta.json", "request.json", "output.log", "stdout.log", "ctl.sock"):
+        st = os.lstat(os.path.join(s.dir, name))
+        assert (st.st_mode & 0o777) == 0o600 and st.st_uid == os.geteuid(), name
+    assert sessions.get("perm").id == s.id and sessions.get(s.id[:5]).id == s.id
+
+
+def test_stdin_data_and_file_inputs(tmp_path: Path) -> None:
+    s = sandbox.start(["cat"], stdin="from data\n")
+    assert s.wait(20).stdout == "from data\n"
+    with pytest.raises(InputError):
+        s.write("x")
+    f = tmp_path / "in.txt"
+    f.write_text("from file\n")
+    s2 = sandbox.start(["cat"], stdin_file=str(f))
+    assert s2.wait(20).stdout == "from file\n"
+
+
+def test_kill_stops_the_whole_sandbox(contained) -> None:
+    mark = marker()
+    s = sandbox.start(["bash", "-c", f"setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' & "
+                                   f"trap '' TERM; echo up; exec -a {mark}b sleep 1000"])
+    output_until(s, "up")
+    until(lambda: len(alive_with(mark)) == 2, what="both sleepers")
+    monitor = s.meta["monitor_pid"]
+    res = s.kill(grace=0.3)
+    assert res is not None and res.status == "signaled" and res.error.startswith("killed on request"), res
+    assert json.loads(Path(s.dir, "result.json").read_text())["killed"] is True
+    assert alive_with(mark) == [] and gone(s.pid)
+    until(lambda: gone(monitor), what="the monitor to exit")
+    assert s.kill() is not None  # killing an ended session is a no-op answer
+
+
+def test_killed_monitor_takes_the_sandbox_and_reads_lost(contained) -> None:
+    mark = marker()
+    s = sandbox.start(["bash", "-c", f"echo logged; exec -a {mark} sleep 1000"], name="victim")
+    output_until(s, "logged")
+    until(lambda: alive_with(mark), what="the sandboxed sleeper")
+    monitor = s.meta["monitor_pid"]
+    os.kill(monitor, signal.SIGKILL)
+    until(lambda: not alive_with(mark), timeout=5, what="the sandbox to die with its monitor")
+    until(lambda: gone(monitor) and gone(s.pid), timeout=5, what="monitor and init to be gone")
+    assert s.state == "lost"
+    res = s.wait(5)
+    assert res is not None and res.status == "lost" and "logged" in res.stdout and "monitor" in res.error
+
+    def swept() -> bool:  # a listing that meets a lost session sweeps the dead monitor's cgroup
+        sessions.list_sessions()  # (once the monitor is reaped: a zombie still counts as its owner)
+        return not list(Path("/sys/fs/cgroup").glob(f"*/sandboxrun-{monitor}-*"))
+
+    until(swept, timeout=10, what="the dead monitor's cgroup to be swept")
+    with pytest.raises(InputError, match="lost"):
+        s.write("x")
+    s.clear()
+
+
+def test_pty_program_driven_by_keys() -> None:
+    s = sandbox.start(["sh"], pty=True, cols=100, rows=30)
+    assert s.pty
+    # Each check looks for text only the command's output has, never the echo of what was typed.
+    s.send_keys("stty size; test -t 0 && echo tty-$((6*7))", "Enter")
+    out = output_until(s, "tty-42\r\n")
+    assert "30 100\r\n" in out
+    s.resize(132, 43)
+    s.send_keys("stty size", "Enter")
+    output_until(s, "43 132\r\n")
+    s.send_keys("read -r line; echo \"got:$line\"", "Enter")
+    s.write("hello\r")
+    output_until(s, "got:hello\r\n")
+    s.send_keys("sleep 100", "Enter", "C-c")  # ^C reaches the foreground job, not the shell
+    s.send_keys("echo after-$((1+1))", "Enter")
+    output_until(s, "after-2\r\n")
+    s.send_keys("C-d")
+    res = s.wait(20)
+    assert res is not None and res.status == "ok", res
+    assert "got:hello" in res.stdout and res.stderr == ""
+    page = s.log()
+    assert any(line.startswith("got:hello") for line in page.lines)
+
+
+def test_submit_and_paste() -> None:
+    s = sandbox.start(["cat"])
+    s.paste("pasted")
+    s.submit()
+    s.write(b"", eof=True)
+    assert s.wait(20).stdout == "pasted\n"
+    # Bracketed only once the program asks for it, as a terminal emulator does.
+    t = sandbox.start(["sh", "-c", "stty -echo; read -r a; printf '\\033[?2004h'; cat -v"], pty=True)
+    t.paste("plain")
+    t.submit()
+    output_until(t, "\x1b[?2004h")
+    t.paste("xy")
+    t.submit()
+    assert "^[[200~xy^[[201~" in output_until(t, "201~")
+    with pytest.raises(InputError, match="no terminal"):
+        sandbox.start(["cat"]).send_keys("Enter")
+
+
+def test_log_paging() -> None:
+    s = sandbox.start(["seq", "1", "500"])
+    s.wait(20)
+    page = s.log()
+    assert (page.offset, page.total_lines, len(page.lines)) == (300, 500, 200)
+    assert page.lines[0] == "301" and page.lines[-1] == "500" and "--offset 100 --limit 200" in page.hint()
+    page = s.log(offset=0, limit=10)
+    assert page.lines == [str(i) for i in range(1, 11)] and "--offset 10 --limit 10" in page.hint()
+    assert s.log(limit=3).lines == ["498", "499", "500"]
+    assert s.log(offset=499).lines == ["500"] and s.log(offset=900).lines == []
+    with pytest.raises(InputError):
+        s.log(offset=-1)
+
+
+def test_log_limit_drops_oldest_bytes_with_a_marker(tmp_path: Path) -> None:
+    prof = tmp_path / "small.toml"
+    prof.write_text('extends = "strict"\nname = "small"\n[limits]\nlog_size = "4KiB"\n')
+    s = sandbox.start(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); echo line$i; done"],
+                      profile=str(prof))
+    res = s.wait(30)
+    assert res is not None and res.status == "ok"
+    for name in ("stdout.log", "output.log"):
+        data = Path(s.dir, name).read_bytes()
+        assert len(data) <= 4096, name
+        assert data.startswith(b"[sandboxrun:") and b"earlier bytes dropped]\n" in data
+        assert data.endswith(b"line2000\n") and b"\nline1\n" not in data
+    dropped, kept = sessions.read_log(os.path.join(s.dir, "stdout.log"), s.meta["log_token"])
+    total = sum(len(f"line{i}\n") for i in range(1, 2001))
+    assert dropped + len(kept) == total == res.stdout_bytes and res.stdout_truncated
+    assert kept.startswith(b"line")  # cut at a line start
+    page = s.log(limit=5000)
+    assert page.lines[0] == f"[sandboxrun: {dropped} earlier bytes dropped (limits.log_size)]"
+    assert page.dropped_bytes == dropped and page.lines[-1] == "line2000"
+    p = s.poll()
+    assert p.dropped == dropped and p.stdout.endswith("line2000\n")
+
+
+def test_capped_log_invariants(tmp_path: Path) -> None:
+    log = sessions.CappedLog(str(tmp_path / "x.log"), 2048, "tok")
+    chunks = [f"{i:05d} {'x' * (i % 97)}\n".encode() for i in range(800)] + [b"y" * 5000, b"tail\n"]
+    for c in chunks:
+        log.append(c)
+        assert os.path.getsize(log.path) <= 2048
+    dropped, kept = sessions.read_log(log.path, "tok")
+    everything = b"".join(chunks)
+    assert dropped + len(kept) == len(everything) == log.total and everything.endswith(kept)
+    assert sessions.read_log(log.path, "other-token")[0] == 0  # a marker needs the session's token
+    log.close()
+
+
+def test_yield_after_becomes_a_session_or_returns_the_result(state: Path) -> None:
+    res = sessions.run_or_yield(["sh", "-c", "echo first; sleep 30"], yield_after=0.5)
+    assert res.status == "running" and res.session_id and res.pid and res.stdout == "first\n", res
+    s = sessions.get(res.session_id)
+    assert s.state == "running" and s.poll().stdout == ""  # the tail shown counts as read
+    s.remove(grace=0)
+    quick = sessions.run_or_yield(["sh", "-c", "echo quick; exit 4"], yield_after=20)
+    assert (quick.status, quick.exit_code, quick.stdout, quick.session_id) == ("nonzero_exit", 4, "quick\n", None)
+    assert list(state.iterdir()) == []  # a run that ended is not kept as a session
+    blocked = sessions.run_or_yield(["rm", "-rf", "/"], yield_after=1)
+    assert blocked.status == "blocked" and blocked.blocked
+    with pytest.raises(InputError):
+        sessions.run_or_yield(["true"], yield_after=-1)
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    with pytest.raises(sessions.SessionBlocked, match="blocked"):
+        sandbox.start(["rm", "-rf", "/"])
+    with pytest.raises(ProfileError, match="timeout"):
+        sandbox.start(["true"], timeout=0)  # strict does not allow running without a wall timeout
+    with pytest.raises(InputError, match="no session"):
+        sessions.get("nosuchsession")
+    with pytest.raises(InputError, match="cols"):
+        sandbox.start(["true"], pty=True, cols=0)
+    with pytest.raises(InputError, match="name"):
+        sandbox.start(["true"], name="a/b")
+    s = sandbox.start(["sleep", "30"], name="busy")
+    with pytest.raises(InputError, match="still running"):
+        sandbox.start(["true"], name="busy")
+    with pytest.raises(InputError, match="still running"):
+        s.clear()
+    with pytest.raises(InputError, match="no terminal"):
+        s.resize(10, 10)
+
+
+def test_ttl_sweeps_finished_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    for raw, want in (("1", 60), ("99999", 10800), ("", 1800)):
+        monkeypatch.setenv("SANDBOXRUN_SESSION_TTL", raw)
+        assert sessions.session_ttl() == want
+    monkeypatch.setenv("SANDBOXRUN_SESSION_TTL", "60")
+    old, fresh = sandbox.start(["true"]), sandbox.start(["true"])
+    old.wait(20), fresh.wait(20)
+    meta = old.meta
+    meta["ended_at"] -= 120
+    sessions.write_json(os.path.join(old.dir, "meta.json"), meta)
+    assert [s.id for s in sessions.list_sessions()] == [fresh.id]
+    assert not os.path.exists(old.dir)
+
+
+def test_state_dir_must_be_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "real"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(tmp_path / "link"))
+    with pytest.raises(SandboxError, match="not a directory"):
+        sessions.state_dir()
+
+
+def test_key_names() -> None:
+    kb = sessions.key_bytes
+    assert [kb(k) for k in ("Enter", "enter", "C-c", "C-d", "C-[", "Up", "F5", "M-x", "Tab")] == [
+        b"\r", b"\r", b"\x03", b"\x04", b"\x1b", b"\x1b[A", b"\x1b[15~", b"\x1bx", b"\t"]
+    assert kb("hello world") == b"hello world" and kb("Enter", literal=True) == b"Enter"
+
+
+# ---------------------------------------------------------------------------- CLI, fresh processes
+
+
+def test_cli_server_found_again_from_fresh_processes(contained) -> None:
+    mark = marker()
+    r = cli("start", "--name", "web", "--timeout", "2m", "--", "bash", "-c",
+            f"exec -a {mark} python3 -u -m http.server 8123")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    assert sessions.ID_RE.match(sid) and b"started" in r.stderr
+    rows = json.loads(cli("list", "--json").stdout)
+    assert [(x["id"], x["name"], x["state"]) for x in rows] == [(sid, "web", "running")]
+    until(lambda: b"Serving HTTP" in cli("log", "web").stdout, what="the server's banner")
+    assert b"RESULT" in cli("list").stdout
+    page = json.loads(cli("log", sid, "--json", "--offset", "0", "--limit", "1").stdout)
+    assert page["lines"][0].startswith("Serving HTTP on") and page["offset"] == 0
+    r = cli("poll", "web", "--json")
+    assert json.loads(r.stdout)["ended"] is False
+    r = cli("kill", "web")
+    assert r.returncode == 0 and b"ended: signaled" in r.stderr, r.stderr
+    assert alive_with(mark) == []
+    assert json.loads(cli("poll", "web", "--json").stdout)["ended"] is True
+    r = cli("wait", "web", "--json")
+    assert r.returncode == 128 + 15 and json.loads(r.stdout)["signal"] == "SIGTERM"
+    assert cli("clear", "web").returncode == 0
+    assert json.loads(cli("list", "--json").stdout) == []
+
+
+def test_cli_stdin_keys_and_wait() -> None:
+    sid = cli("start", "--", "sh", "-c", "read -r a; echo \"a=$a\"; read -r b; echo \"b=$b\"").stdout.decode().strip()
+    assert cli("write", sid, "first", "--newline").returncode == 0
+    assert cli("write", sid, "--stdin", "--eof", stdin=b"second\n").returncode == 0
+    r = cli("wait", sid, "--timeout", "20")
+    assert r.returncode == 0 and b"ended: ok" in r.stderr
+    assert cli("log", sid).stdout == b"a=first\nb=second\n"
+    r = cli("send-keys", sid, "Enter")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"no terminal" in r.stderr
+
+    pty = cli("start", "--pty", "--name", "term", "--", "sh").stdout.decode().strip()
+    assert cli("send-keys", "term", "echo $((6*7))", "Enter").returncode == 0
+    until(lambda: b"42" in cli("log", "term", "--stream", "stdout").stdout, what="42 on the terminal")
+    r = cli("wait", "term", "--timeout", "0.2")
+    assert r.returncode == 124 and b"still running" in r.stderr
+    cli("paste", "term", "exit 5")
+    cli("submit", "term")
+    r = cli("wait", pty, "--timeout", "20", "--json")
+    assert r.returncode == 5 and json.loads(r.stdout)["exit_code"] == 5
+    assert cli("remove", "term").returncode == 0
+
+
+def test_cli_run_yield_and_errors() -> None:
+    r = cli("run", "--yield-ms", "300", "--", "sh", "-c", "echo early; sleep 30")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["status"] == "running" and d["stdout"] == "early\n"
+    r = cli("remove", d["session_id"], "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["result"]["status"] == "signaled"
+    r = cli("run", "--yield-ms", "20000", "--", "echo", "fast")
+    assert r.returncode == 0 and json.loads(r.stdout)["stdout"] == "fast\n"
+    r = cli("start", "--", "rm", "-rf", "/")
+    assert r.returncode == 125 and b"blocked" in r.stderr
+    r = cli("start", "--", "no-such-command-xyz")  # the starter hears of it before it returns
+    assert r.returncode == 127 and b"did not start" in r.stderr and b"command not found" in r.stderr, r.stderr
+    for args in (["poll", "zzz"], ["kill", "zzz"], ["start", "--timeout", "0", "--", "true"], ["log", "x", "--limit", "q"]):
+        r = cli(*args)
+        assert r.returncode == 2 and b"Traceback" not in r.stderr, (args, r)
+        assert r.stderr.strip().splitlines()[-1].startswith(b"sandboxrun: error: "), (args, r)
