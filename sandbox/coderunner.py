@@ -198,6 +198,7 @@ def _take_return(res: PythonResult, token: str) -> None:
     except ValueError:
         return
     res.stdout_raw = raw[:at] + (raw[end + 1:] if end >= 0 else b"")
+    res.stdout_bytes -= len(raw) - len(res.stdout_raw)  # count only what the program printed
     res.stdout = res.stdout_raw.decode(errors="replace")
     res.returned, res.return_type = True, d.get("type")
     if d.get("json"):

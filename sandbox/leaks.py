@@ -146,7 +146,9 @@ def forkserver_pids(pid: int | None = None, table: Iterable[Proc] | None = None)
     design. Rootless, it is two processes (an outer waiter and the server as PID 1 of its
     own pid namespace); both carry the same command line."""
     me = os.getpid() if pid is None else pid
-    return {p.pid for p in descendants(me, table) if FORKSERVER_MARK in p.cmdline and p.state != "Z"}
+    # Sandbox inits are forks of the server: same command line, but renamed (comm).
+    return {p.pid for p in descendants(me, table)
+            if FORKSERVER_MARK in p.cmdline and p.state != "Z" and p.comm != f"{NAME}-init"}
 
 
 def stray_children(pid: int | None = None) -> list[Proc]:

@@ -143,7 +143,9 @@ class Monitor:
                     if f.read().strip():
                         break
             except OSError:
-                break  # gone (then ended is set soon), or no such file on this kernel: say R now
+                if not os.path.isdir(f"/proc/{pid}/task/{pid}"):
+                    return  # it is gone before it ran: _close answers E with the result
+                break  # no such file on this kernel (CONFIG_PROC_CHILDREN): say R now
             time.sleep(0.002)
         if not self.ended.is_set():
             self._ready(b"R")
@@ -158,8 +160,7 @@ class Monitor:
         token = secrets.token_hex(8)
         self._set_meta(monitor_pid=os.getpid(), monitor_start=proc_starttime(os.getpid()), log_token=token)
         self.prof = prof = profile_from_json(self.req["profile"])
-        if os.environ.get("SANDBOXRUN_MONITOR_FORKER") != "server":  # TEMP dev knob
-            supervisor.use_direct_forker()  # fork from here, while this process has one thread
+        supervisor.use_direct_forker()  # fork from here, while this process has one thread
         pty = bool(self.req.get("pty"))
         cap = prof.limits.log_size
         self.logs["output"] = CappedLog(self._p("output.log"), cap, token)

@@ -177,9 +177,16 @@ def _shelltype(text: str | None) -> str | None:
     return t
 
 
-def _cwd(text: str | None, base: str) -> str:
+def _inside(field: str, path: str, given: str, root: str | None) -> None:
+    """With a root (--root), every payload path must resolve inside it."""
+    if root is not None and path != root and not path.startswith(root.rstrip("/") + "/"):
+        raise PayloadError(field, f"{given} is outside the allowed root {root}")
+
+
+def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     given = text if text is not None else DEFAULT_CWD
     path = os.path.realpath(os.path.join(base, os.path.expanduser(given)))
+    _inside("cwd", path, given, root)
     if not os.path.exists(path):
         raise PayloadError("cwd", f"no such directory: {given}")
     if not os.path.isdir(path):
@@ -189,7 +196,7 @@ def _cwd(text: str | None, base: str) -> str:
     return path
 
 
-def _script(props: dict[str, str], base: str) -> str:
+def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
     sp, fn = props.get("scriptPath"), props.get("fileName")
     if sp is None:
         raise PayloadError("scriptPath", "missing: the path of the Python script to run")
@@ -202,6 +209,7 @@ def _script(props: dict[str, str], base: str) -> str:
         path = os.path.realpath(os.path.join(path, fn))
     elif fn is not None and os.path.basename(path) != fn and os.path.basename(sp) != fn:
         raise PayloadError("fileName", f"{fn!r} does not match scriptPath {sp!r}")
+    _inside("scriptPath", path, sp, root)
     if not os.path.exists(path):
         raise PayloadError("scriptPath", f"no such file: {sp if fn is None else os.path.join(sp, fn)}")
     if not os.path.isfile(path):
@@ -242,9 +250,9 @@ def _json_or_str(text: str) -> Any:
         return text
 
 
-def parse(text: str | bytes, *, base: str | None = None) -> PayloadRequest:
+def parse(text: str | bytes, *, base: str | None = None, root: str | None = None) -> PayloadRequest:
     """Validate a payload; raise PayloadError naming the field. Relative paths resolve against `base`
-    (default: the current directory)."""
+    (default: the current directory); with `root`, cwd and scriptPath must resolve inside it."""
     if isinstance(text, bytes):
         try:
             text = text.decode()
@@ -279,6 +287,7 @@ def parse(text: str | bytes, *, base: str | None = None) -> PayloadRequest:
         raise PayloadError("properties", "missing: the list of {\"name\", \"value\"} properties")
     props = _props(doc["properties"], action)
     base = os.getcwd() if base is None else base
+    root = None if root is None else os.path.realpath(root)
     req.timeout = _timeout(props.get("timeout"))
     req.env = _env(props.get("env"))
     req.shelltype = _shelltype(props.get("shelltype"))
@@ -289,7 +298,7 @@ def parse(text: str | bytes, *, base: str | None = None) -> PayloadRequest:
             raise PayloadError("command", "missing: the command line to run")
         req.command = cmd
         req.shell = _bool("shell", props.get("shell"), True)
-        req.cwd = _cwd(props.get("cwd"), base)
+        req.cwd = _cwd(props.get("cwd"), base, root)
         if req.shelltype is not None:
             req.argv = [SHELLS[req.shelltype], "-c", cmd]
         elif req.shell:
@@ -302,13 +311,13 @@ def parse(text: str | bytes, *, base: str | None = None) -> PayloadRequest:
             if not req.argv:
                 raise PayloadError("command", "missing: the command line to run")
     else:
-        req.script = _script(props, base)
+        req.script = _script(props, base, root)
         method = props.get("method", "script").strip().lower()
         if method not in METHODS:
             raise PayloadError("method", f"unknown method {props['method']!r} (one of: {', '.join(METHODS)})")
         req.method = method
         _code_target(req, method, props.get("args"))
-        req.cwd = _cwd(None, base)
+        req.cwd = _cwd(None, base, root)
     return req
 
 
@@ -405,12 +414,13 @@ def run_request(req: PayloadRequest, profile: str | Profile = "strict") -> dict[
 
 
 def execute(text: str | bytes, *, profile: str | Profile = "strict", dry_run: bool = False,
-            base: str | None = None) -> dict[str, Any]:
+            base: str | None = None, root: str | None = None) -> dict[str, Any]:
     """Validate and run one payload. Returns the reply dict, or {"error": {"field", "message"}} for a bad
-    payload (nothing ran). A bad `profile` (the operator's choice, not the payload's) raises ProfileError."""
+    payload (nothing ran). A bad `profile` (the operator's choice, not the payload's) raises ProfileError.
+    `root`: confine the payload's cwd and scriptPath to this directory."""
     prof = _profile(profile)
     try:
-        req = parse(text, base=base)
+        req = parse(text, base=base, root=root)
         return plan(req, prof) if dry_run else run_request(req, prof)
     except PayloadError as e:
         return e.to_dict()
@@ -427,6 +437,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="print the normalised request and its sandbox (profile, limits, mounts); run nothing")
     p.add_argument("--file", metavar="FILE", help="read the payload from FILE instead of stdin")
+    p.add_argument("--root", metavar="DIR", help="refuse a cwd or scriptPath that resolves outside DIR")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)
@@ -442,7 +453,9 @@ def main(argv: list[str]) -> int:
         from . import supervisor
 
         supervisor.use_direct_forker()  # single-threaded CLI: fork from here
-    reply = execute(text, profile=prof, dry_run=ns.dry_run)
+    if ns.root is not None and not os.path.isdir(ns.root):
+        raise InputError(f"--root: no such directory: {ns.root}")
+    reply = execute(text, profile=prof, dry_run=ns.dry_run, root=ns.root)
     print(json.dumps(reply, indent=2))
     if "error" in reply and len(reply) == 1:
         return EXIT_USAGE

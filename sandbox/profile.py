@@ -250,6 +250,8 @@ def _coerce(kind: str, value: Any, err: Any) -> Any:
             raise err("expected a whole number")
         if value <= 0:
             raise err("must be positive")
+        if value > 2**31:
+            raise err("is too large")
         return value
     if kind == "float":
         if isinstance(value, str) and value.lower() in ("unlimited", "none", "off"):
@@ -258,6 +260,8 @@ def _coerce(kind: str, value: Any, err: Any) -> Any:
             raise err("expected a number")
         if value < 0:
             raise err("cannot be negative")
+        if value and not 0.01 <= value <= 4096:
+            raise err("must be between 0.01 and 4096 (or 0 for no limit)")
         return float(value) or None
     if kind == "strlist":
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
@@ -340,12 +344,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             raise ProfileError("a run without a wall timeout needs limits.allow_no_timeout = true",
                                source=source, key="limits.timeout", value=lim.get("timeout"))
         limits = dataclasses.replace(limits, timeout=None)
-    for key in ("memory", "processes", "file_size", "open_files", "address_space"):
-        v = getattr(limits, key)
-        if v is not None and v > 2**62:
-            raise ProfileError("is too large", source=source, key=f"limits.{key}", value=lim.get(key))
-    if limits.memory is not None and limits.memory < 4 * 2**20:
-        raise ProfileError("must be at least 4MiB", source=source, key="limits.memory", value=lim.get("memory"))
+    check_limits(limits, source, lim)
 
     fs = values.get("filesystem", {})
     mounts: list[Mount] = []
@@ -399,6 +398,21 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
     )
 
 
+_MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "shm_size": 64 * 2**10, "address_space": 16 * 2**20,
+             "file_size": 1, "log_size": 4096}
+
+
+def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
+    """Bounds that hold whether a limit came from a file or an override."""
+    from .units import format_size
+
+    for key, minimum in _MINIMUMS.items():
+        v = getattr(limits, key)
+        if v is not None and v < minimum:
+            raise ProfileError(f"must be at least {format_size(minimum)}", source=source, key=f"limits.{key}",
+                               value=raw.get(key, v))
+
+
 # ---------------------------------------------------------------------------- overrides
 
 _LIMIT_OVERRIDES = {
@@ -420,7 +434,12 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             continue
         err = (lambda k, v: (lambda msg: ProfileError(msg, source=src, key=k, value=v)))(key, value)
         if key in _LIMIT_OVERRIDES:
-            v = _coerce(_LIMIT_OVERRIDES[key], value, err)
+            try:
+                v = _coerce(_LIMIT_OVERRIDES[key], value, err)
+            except ProfileError as e:
+                if key == "timeout" and "too large" in str(e) and limits.max_timeout is not None:
+                    raise err(f"exceeds the profile's max_timeout of {limits.max_timeout:g}s") from None
+                raise
             if key == "timeout":
                 if v is None or v == 0:
                     if not limits.allow_no_timeout:
@@ -429,6 +448,7 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 elif limits.max_timeout is not None and v > limits.max_timeout:
                     raise err(f"exceeds the profile's max_timeout of {limits.max_timeout:g}s")
             limits = dataclasses.replace(limits, **{key: v})
+            check_limits(limits, src, {key: value})
         elif key in ("ro_bind", "bind"):
             specs = [value] if isinstance(value, str) else list(value)
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)

@@ -90,6 +90,8 @@ class Request:
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
     if isinstance(command, (bytes, bytearray)):
         raise InputError("command: pass a str or a list of str, not bytes")
+    if not isinstance(command, (str, list, tuple)):
+        raise InputError(f"command: expected a string or a list of strings, got {type(command).__name__}")
     if isinstance(command, str):
         if "\0" in command:
             raise InputError("command contains a NUL byte")
@@ -115,6 +117,8 @@ def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
 
 
 def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
+    if extra is not None and not isinstance(extra, Mapping):
+        raise InputError(f"env: expected a mapping of names to strings, got {type(extra).__name__}")
     env = dict(prof.env)
     for name in prof.env_passthrough:
         if name in os.environ:
@@ -628,6 +632,10 @@ def run(
         stdin = stdin.encode()
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
+    if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
+        raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
+    full_env = build_env(prof, env)
+    check_size(argv, full_env)
     cmd_text = command if isinstance(command, str) else shlex.join(argv)
     if prof.blocklist or prof.block or prof.allow:
         from .filter import check
@@ -638,6 +646,6 @@ def run(
                           error=verdict.reason, profile=prof.name,
                           duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
-                  env=build_env(prof, env), stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,
+                  env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,
                   on_stdout=on_stdout, on_stderr=on_stderr, trace=trace)
     return execute(req)

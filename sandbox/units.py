@@ -15,6 +15,8 @@ _TIME_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600
 _NUM = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 UNLIMITED = ("unlimited", "none", "off")
+MAX_SIZE = 2**62  # beyond what any kernel limit file or rlimit takes
+MAX_DURATION = 30 * 86400.0  # a month: longer is a typo, and float seconds must stay finite
 
 
 def parse_size(value: object) -> int | None:
@@ -24,6 +26,8 @@ def parse_size(value: object) -> int | None:
     if isinstance(value, int):
         if value < 0:
             raise ValueError("a size cannot be negative")
+        if value > MAX_SIZE:
+            raise ValueError("is too large")
         return value
     if isinstance(value, float):
         raise ValueError("write sizes as integers or with a unit, e.g. 512MiB")
@@ -39,7 +43,13 @@ def parse_size(value: object) -> int | None:
     unit = m.group(2).lower()
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB or KB, MB, GB)")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    try:
+        n = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    except OverflowError:
+        raise ValueError("is too large") from None
+    if n > MAX_SIZE:
+        raise ValueError("is too large")
+    return n
 
 
 def parse_duration(value: object) -> float | None:
@@ -47,11 +57,17 @@ def parse_duration(value: object) -> float | None:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, not a boolean")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        if value != value or value in (float("inf"),):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("is too large") from None
+        if seconds != seconds or seconds in (float("inf"), float("-inf")):
             raise ValueError("a duration must be a finite number")
-        return float(value)
+        if seconds < 0:
+            raise ValueError("a duration cannot be negative")
+        if seconds > MAX_DURATION:
+            raise ValueError(f"is too large (at most {MAX_DURATION:g}s)")
+        return seconds
     if not isinstance(value, str):
         raise ValueError(f"expected a duration such as 30s, got {type(value).__name__}")
     if value.strip().lower() in UNLIMITED:
@@ -64,7 +80,7 @@ def parse_duration(value: object) -> float | None:
     unit = m.group(2).lower()
     if unit not in _TIME_UNITS:
         raise ValueError(f"unknown time unit {m.group(2)!r} (use ms, s, m or h)")
-    return float(m.group(1)) * _TIME_UNITS[unit]
+    return parse_duration(float(m.group(1)) * _TIME_UNITS[unit])
 
 
 def format_size(n: int | None) -> str:

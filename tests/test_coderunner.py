@@ -71,7 +71,7 @@ def test_script_with_args(calc: Path) -> None:
 def test_function_return_value_is_json(calc: Path) -> None:
     r = run_python(calc, [2, 3], function="add")
     assert (r.status, r.returned, r.return_value, r.return_type) == ("ok", True, 5, "int")
-    assert r.stdout == "adding\n"  # the value's line is taken out of stdout
+    assert r.stdout == "adding\n" and r.stdout_bytes == 7  # the value line is taken out
     assert run_python(calc, [[1], [2]], function="add").return_value == [1, 2]
     assert run_python(calc, function="Box.size").return_value == 3
     assert run_python(calc, ["x"], function="later").return_value == ["x", "x"]

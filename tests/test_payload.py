@@ -208,3 +208,24 @@ def test_parse_normalises(tmp_path: Path) -> None:
 def test_blocked_command_is_a_result_not_an_error(isolated, tmp_path: Path) -> None:
     rc, d = cli(cmd("rm -rf /"), cwd=tmp_path)
     assert rc == 125 and d["status"] == "blocked" and d["blocked"] and d["block_reason"]
+
+
+def test_root_confines_payload_paths(calc: Path, tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    d = execute(json.dumps(cmd("ls", cwd="..")), base=str(tmp_path / "sub"), root=str(tmp_path / "sub"),
+                dry_run=True)
+    assert d["error"]["field"] == "cwd" and "outside the allowed root" in d["error"]["message"]
+    d = execute(json.dumps(code(scriptPath=str(calc))), base=str(tmp_path / "sub"), root=str(tmp_path / "sub"),
+                dry_run=True)
+    assert d["error"]["field"] == "scriptPath" and "outside" in d["error"]["message"]
+    d = execute(json.dumps(cmd("ls", cwd="sub")), base=str(tmp_path), root=str(tmp_path), dry_run=True)
+    assert d["request"]["cwd"] == str(tmp_path / "sub")
+
+
+def test_core_does_not_import_the_optional_extras() -> None:
+    code = ("import sys, sandbox, sandbox.cli, sandbox.payload, sandbox.coderunner, sandbox.mcp_server\n"
+            "bad = [m for m in ('mcp', 'langchain_core', 'pydantic', 'anyio') if m in sys.modules]\n"
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr

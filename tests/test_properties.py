@@ -202,7 +202,6 @@ def test_with_overrides_returns_a_profile_or_a_profile_error(overrides: dict[str
     pytest.param("cpu_time", 1e300, marks=bug("accepted; setrlimit(RLIMIT_CPU) overflows in the child")),
     pytest.param("tmp_size", 0, marks=bug("size=0 makes the /tmp tmpfs unlimited")),
     pytest.param("ro_bind", False, marks=bug("list(False): TypeError, not a ProfileError")),
-    pytest.param("bind", [1], marks=bug("a non-string bind in a list: TypeError from _coerce's caller")),
 ])
 def test_out_of_range_override_is_a_profile_error(key: str, value: Any) -> None:
     with pytest.raises(ProfileError, match=key):
@@ -259,7 +258,7 @@ def payload_docs(draw: st.DrawFn) -> Any:
     return doc
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(payload_docs())
 def test_payload_parse_returns_a_request_or_names_a_field(doc: Any) -> None:
     payload = pytest.importorskip("sandbox.payload")
@@ -400,7 +399,7 @@ def test_profile_block_pattern_cannot_hang_the_runner() -> None:
     code = ("from sandbox.filter import check; "
             "print(check('a' * 40 + '!', blocklist=False, extra_block=[r'^(a+)+$']).allowed)")
     try:
-        subprocess.run([sys.executable, "-c", code], timeout=3, check=True, capture_output=True,
+        subprocess.run([sys.executable, "-c", code], timeout=2, check=True, capture_output=True,
                        cwd=str(Path(__file__).resolve().parent.parent))
     except subprocess.TimeoutExpired:
-        pytest.fail("check() with filter.block = ['^(a+)+$'] ran for more than 3 s on 41 characters")
+        pytest.fail("check() with filter.block = ['^(a+)+$'] ran for more than 2 s on 41 characters")
