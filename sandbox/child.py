@@ -127,15 +127,23 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("namespaces")
         from .isolation.syscalls import CLONE_NEWCGROUP, unshare
 
-        if plan.unshare_flags & ~CLONE_NEWCGROUP:
-            unshare(plan.unshare_flags & ~CLONE_NEWCGROUP)
+        from .isolation.syscalls import CLONE_NEWNS
+
+        now = plan.unshare_flags & ~CLONE_NEWCGROUP
+        if plan.view_template >= 0:
+            now &= ~CLONE_NEWNS  # made from the template below
+        if now:
+            unshare(now)
         if plan.view is not None:
             mark("filesystem")
-            from .isolation.filesystem import build_view
+            from .isolation import filesystem
 
             sub = [""]
             try:
-                build_view(plan.view, sub)
+                if plan.view_template >= 0:
+                    filesystem.enter_template(plan.view_template, plan.view, sub)
+                else:
+                    filesystem.build_view(plan.view, sub)
             except OSError as e:
                 raise StepError(f"filesystem:{sub[0]}", e.errno or 0, str(e)) from None
         else:

@@ -81,10 +81,34 @@ class _ForkSide:
                 self.userns_error = (e.errno or 0, str(e))
         self._orig_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
+    templates: dict[tuple[object, ...], int] | None = None  # only a long-lived forker keeps them
+
+    def _template_for(self, plan: RunPlan) -> int:
+        """A prepared mount namespace for this view (root only: a user namespace's mount of
+        /proc needs the host's /proc visible, which a template no longer has)."""
+        if self.templates is None or self.rootless or plan.view is None:
+            return -1
+        from .isolation.filesystem import template_key
+
+        key = template_key(plan.view)
+        if key is None:
+            return -1
+        fd = self.templates.get(key)
+        if fd is None:
+            fd = _make_template(plan)
+            if fd < 0:
+                return -1
+            if len(self.templates) >= 8:  # a few profiles in use at once; drop the oldest
+                old = next(iter(self.templates))
+                os.close(self.templates.pop(old))
+            self.templates[key] = fd
+        return fd
+
     def fork_child(self, plan: RunPlan, fds: ChildFds) -> int:
         if self.userns_error and (plan.pid_namespace or plan.unshare_flags):
             err, msg = self.userns_error
             raise ForkError("user_namespace", err, f"cannot create a user namespace: {msg}")
+        plan.view_template = self._template_for(plan)
         if plan.pid_namespace:
             try:
                 unshare(CLONE_NEWPID)
@@ -110,6 +134,38 @@ class _ForkSide:
             finally:
                 os._exit(125)
         return pid
+
+
+def _make_template(plan: RunPlan) -> int:
+    """Fork a helper that builds the view's static part in a new mount namespace; keep an
+    fd to that namespace (it lives as long as the fd) and let the helper go."""
+    from .isolation.filesystem import build_template
+    from .isolation.syscalls import CLONE_NEWNS
+
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            unshare(CLONE_NEWNS)
+            assert plan.view is not None
+            build_template(plan.view, [""])
+            theirs.send(b"1")
+            theirs.recv(1)  # until the forker has opened our namespace
+        except BaseException:  # noqa: BLE001 - fall back to building each view in full
+            pass
+        os._exit(0)
+    theirs.close()
+    try:
+        if ours.recv(1) != b"1":
+            return -1
+        return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    finally:
+        ours.close()
 
 
 def _become_pid1() -> None:
@@ -186,6 +242,8 @@ def serve(fd: int) -> None:
     """The fork server's loop: one request, one fork, one reply; reap children."""
     sock = socket.socket(fileno=fd)
     side = _ForkSide(own_pid_namespace=True)
+    if os.environ.get("SANDBOXRUN_NO_TEMPLATE") != "1":
+        side.templates = {}
     children: set[int] = set()
 
     def reap(_sig: int, _frame: object) -> None:
@@ -251,7 +309,7 @@ class ServerForker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = f"import sys; sys.path.insert(0, {pkg_parent!r}); from sandbox.forkserver import main; main()"
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "XDG_CACHE_HOME")}
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "XDG_CACHE_HOME") or k.startswith("SANDBOXRUN_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # find what the caller found
         env["SANDBOXRUN_FORKSERVER_FD"] = str(theirs.fileno())
         self._proc = subprocess.Popen(

@@ -160,7 +160,12 @@ class Monitor:
         token = secrets.token_hex(8)
         self._set_meta(monitor_pid=os.getpid(), monitor_start=proc_starttime(os.getpid()), log_token=token)
         self.prof = prof = profile_from_json(self.req["profile"])
-        supervisor.use_direct_forker()  # fork from here, while this process has one thread
+        if os.geteuid() == 0:
+            # Fork from here, while this process has one thread. Not rootless: a direct fork
+            # there leaves this process in a pid_for_children namespace it cannot setns back
+            # out of, and the kernel then refuses it new threads (EINVAL on CLONE_THREAD); the
+            # fork server (made PID 1 of its own pid namespace for this) is used instead.
+            supervisor.use_direct_forker()
         pty = bool(self.req.get("pty"))
         cap = prof.limits.log_size
         self.logs["output"] = CappedLog(self._p("output.log"), cap, token)

@@ -31,5 +31,6 @@ class RunPlan:
     landlock_rw: tuple[str, ...] = ()
     trace: bool = False
     pty: bool = False  # fd 0 is a terminal the child should make its controlling tty
+    view_template: int = -1  # forker's fd of a prepared mount namespace to copy (see filesystem.py)
     parent_pid: int = 0
     extra: dict[str, object] = field(default_factory=dict)

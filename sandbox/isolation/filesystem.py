@@ -18,8 +18,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .syscalls import (
-    MNT_DETACH, MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT,
-    mount, pivot_root, umount2,
+    CLONE_NEWNS,
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    mount,
+    move_mount,
+    open_tree,
+    pivot_root,
+    setns,
+    umount2,
+    unshare,
 )
 
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
@@ -89,12 +104,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
         os.close(fd)
 
 
-def build_view(spec: ViewSpec, step: list[str]) -> None:
-    """Build the view and pivot into it. `step[0]` names the sub-step for error reports."""
-    step[0] = "mount:private"
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-
-    step[0] = "mount:open-sources"
+def _open_sources(spec: ViewSpec) -> tuple[list[tuple[int | str, BindSpec, bool]], dict[str, int]]:
+    """Open every bind source (O_PATH) and device node before anything is hidden."""
     opened: list[tuple[int | str, BindSpec, bool]] = []  # (fd or symlink text, spec, is_dir)
     for b in spec.binds:
         try:
@@ -107,19 +118,24 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
             opened.append((os.readlink(b.source), b, False))
         else:
             opened.append((_opened(b.source), b, stat.S_ISDIR(st.st_mode)))
-    work_fd = os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     dev_fds = {}
     for name in DEVICES:
         try:
             dev_fds[name] = _opened(f"/dev/{name}")
         except OSError:
             pass
+    return opened, dev_fds
 
+
+def _static_part(root: str, spec: ViewSpec, opened: list[tuple[int | str, BindSpec, bool]],
+                 dev_fds: dict[str, int], step: list[str]) -> None:
+    """What is the same for every run of a profile: root tmpfs, binds, /dev nodes, /etc."""
     step[0] = "mount:root-tmpfs"
-    root = NEW_ROOT
     mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
     for d in ("etc", "proc", "dev", "tmp", "run"):
         os.mkdir(f"{root}/{d}", 0o755)
+    if spec.workdir != "same":
+        _mkpoint(root + spec.workdir, True)
 
     step[0] = "mount:binds"
     for src, b, is_dir in sorted(opened, key=lambda x: x[1].target.count("/")):
@@ -133,14 +149,6 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
         _bind_fd(src, target, writable=b.writable)
         os.close(src)
 
-    step[0] = "mount:tmp"
-    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
-
-    step[0] = "mount:workdir"
-    _mkpoint(root + spec.workdir, True)
-    _bind_fd(work_fd, root + spec.workdir, writable=True)
-    os.close(work_fd)
-
     step[0] = "mount:dev"
     dev = f"{root}/dev"
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
@@ -152,9 +160,44 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
                      ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
         os.symlink(to, f"{dev}/{link}")
     os.mkdir(f"{dev}/shm", 0o1777)
-    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
     os.mkdir(f"{dev}/pts", 0o755)
+
+    step[0] = "mount:etc"
+    # passwd and group name the run's uid, so they live in the per-run /run.
+    os.symlink("/run/sandboxrun/passwd", f"{root}/etc/passwd")
+    os.symlink("/run/sandboxrun/group", f"{root}/etc/group")
+    _write(f"{root}/etc/hostname", spec.hostname + "\n")
+    _write(f"{root}/etc/hosts", f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
+
+
+def _per_run_part(root: str, spec: ViewSpec, workdir: tuple[str, int], step: list[str]) -> None:
+    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc."""
+    step[0] = "mount:tmp"
+    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
+    mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
+    os.mkdir(f"{root}/run/sandboxrun", 0o755)
+    _write(f"{root}/run/sandboxrun/passwd", spec.passwd)
+    _write(f"{root}/run/sandboxrun/group", spec.group)
+    dev = f"{root}/dev"
+    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
     mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+
+    step[0] = "mount:workdir"
+    target = root + spec.workdir
+    if not os.path.isdir(target):
+        os.makedirs(target, 0o755)  # "same": under the fresh /tmp, or in the root before it is sealed
+    kind, fd = workdir
+    if kind == "fd":
+        _bind_fd(fd, target, writable=True)
+    else:  # a detached clone of the workdir made before we left the host's mount namespace
+        move_mount(fd, target)
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
+        keep = os.statvfs(target).f_flag
+        for st_bit, ms_bit in _LOCKED_FLAGS:
+            if keep & st_bit and ms_bit != MS_RDONLY:
+                flags |= ms_bit
+        mount(None, target, None, flags)
+    os.close(fd)
 
     step[0] = "mount:proc"
     proc = f"{root}/proc"
@@ -172,21 +215,76 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
         elif os.path.exists(p) and os.path.exists(null):
             mount(null, p, None, MS_BIND)
 
-    step[0] = "mount:etc"
-    _write(f"{root}/etc/passwd", spec.passwd)
-    _write(f"{root}/etc/group", spec.group)
-    _write(f"{root}/etc/hostname", spec.hostname + "\n")
-    _write(f"{root}/etc/hosts", f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
 
+def _pivot(root: str, step: list[str]) -> None:
     step[0] = "pivot_root"
     os.chdir(root)
     pivot_root(".", ".")  # runc's trick: stack the old root on the new, then detach it
     umount2(".", MNT_DETACH)
     os.chdir("/")
 
+
+def _seal_root(step: list[str]) -> None:
     step[0] = "mount:root-readonly"
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def build_view(spec: ViewSpec, step: list[str]) -> None:
+    """Build the whole view in our fresh mount namespace and pivot into it.
+    `step[0]` names the sub-step for error reports."""
+    step[0] = "mount:private"
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    step[0] = "mount:open-sources"
+    opened, dev_fds = _open_sources(spec)
+    work_fd = os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _static_part(NEW_ROOT, spec, opened, dev_fds, step)
+    _per_run_part(NEW_ROOT, spec, ("fd", work_fd), step)  # /proc before pivot: rootless needs a visible one
+    _pivot(NEW_ROOT, step)
+    _seal_root(step)
     os.chdir(spec.workdir)
+
+
+def build_template(spec: ViewSpec, step: list[str]) -> None:
+    """The static part of a view, pivoted into and sealed, in the calling process's fresh
+    mount namespace: a template that runs copy (enter_template) instead of rebuilding it.
+    Saves each run the binds, the pivot and the detach of the host's mount tree."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    opened, dev_fds = _open_sources(spec)
+    _static_part(NEW_ROOT, spec, opened, dev_fds, step)
+    _pivot(NEW_ROOT, step)
+    _seal_root(step)
+
+
+def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> None:
+    """Per run: clone the workdir while still in the host's namespace, switch to a private
+    copy of the template, add the per-run mounts. The template's root tmpfs is shared and
+    read-only; every writable place is a per-run mount."""
+    step[0] = "mount:open-workdir"
+    tree = open_tree(spec.workdir_host)
+    step[0] = "mount:enter-template"
+    setns(template_fd, CLONE_NEWNS)
+    unshare(CLONE_NEWNS)
+    os.chdir("/")
+    if spec.workdir == "same" or not os.path.isdir(spec.workdir):
+        raise OSError(2, f"the template has no mount point for {spec.workdir}")
+    _per_run_part("", spec, ("tree", tree), step)
+    os.chdir(spec.workdir)
+
+
+def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
+    """What a template depends on, including the identity of each bind source (a file
+    replaced on the host, such as ld.so.cache after an upgrade, must not stay stale).
+    None when this view cannot use a template."""
+    if spec.workdir == "same":
+        return None
+    ids = []
+    for b in spec.binds:
+        try:
+            st = os.lstat(b.source)
+            ids.append((st.st_dev, st.st_ino, st.st_mode))
+        except OSError:
+            ids.append(None)
+    return (spec.binds, spec.hostname, spec.workdir, tuple(ids))
 
 
 def view_binds(mounts: Sequence[object]) -> tuple[BindSpec, ...]:

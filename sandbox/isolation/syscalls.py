@@ -41,6 +41,12 @@ MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine, 155)
+_SYS_OPEN_TREE = 428  # same number on every architecture (new syscalls are unified)
+_SYS_MOVE_MOUNT = 429
+OPEN_TREE_CLONE = 1
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
@@ -76,3 +82,19 @@ def unshare(flags: int) -> None:
 
 def setns(fd: int, nstype: int = 0) -> None:
     _check(_libc.setns(fd, nstype), "setns")
+
+
+def open_tree(path: str) -> int:
+    """A detached copy of the mount at `path` (OPEN_TREE_CLONE), attachable in another
+    mount namespace with move_mount. Returns a close-on-exec fd."""
+    fd = _libc.syscall(_SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), _b(path),
+                       ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"open_tree {path}: {os.strerror(err)}")
+    return fd
+
+
+def move_mount(fd: int, target: str) -> None:
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD), _b(target),
+                         ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
