@@ -50,6 +50,10 @@ def preload() -> None:
     the pages instead of each importing again."""
     import importlib
 
+    import fcntl  # noqa: F401 - the PTY and network steps use them after pivot_root
+    import socket  # noqa: F401
+    import termios  # noqa: F401
+
     import prctl  # noqa: F401
 
     for mod in CHILD_MODULES:
@@ -187,6 +191,8 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
             identity.drop_bounding_set(best_effort=True)
         mark("capabilities")
         identity.clear_capabilities()
+        # The kernel clears the parent-death signal when credentials change: arm it again.
+        prctl.set_pdeathsig(signal.SIGKILL)
         mark("no_new_privs")
         identity.no_new_privs()
         if plan.landlock != "off":
@@ -220,6 +226,7 @@ def _spawn(plan: RunPlan) -> int:
         if plan.pty:  # same session (we own the terminal), own foreground process group
             pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS)
             os.tcsetpgrp(0, pid)
+            os.killpg(pid, signal.SIGCONT)  # in case it stopped on SIGTTIN/SIGTTOU before that
             return pid
         return os.posix_spawn(path, plan.argv, plan.env, setsid=True, setsigdef=SPAWN_DEFAULT_SIGNALS)
     except OSError as e:

@@ -164,12 +164,12 @@ def zombies(table: Iterable[Proc] | None = None) -> list[Proc]:
 
 
 def runner_zombies(pid: int | None = None) -> list[Proc]:
-    """Zombies a runner could be responsible for: ours or our descendants', and orphans
-    that landed on init (what a sandbox without a pid namespace leaves when nobody reaps)."""
+    """Zombies nobody in our process tree has reaped: ours or our descendants'. (Orphans
+    re-parented to init are init's to reap, and on a busy machine mostly other people's.)"""
     me = os.getpid() if pid is None else pid
     table = list(processes())
     ours = {me} | {p.pid for p in descendants(me, table)}
-    return [p for p in zombies(table) if p.ppid in ours or p.ppid == 1]
+    return [p for p in zombies(table) if p.ppid in ours]
 
 
 def marked(mark: str) -> list[Proc]:
@@ -270,9 +270,18 @@ def state_entries() -> list[str]:
 # ----------------------------------------------------------------------------- snapshots
 
 
+# Counters that describe the machine rather than what this supervisor (or a dead one) left:
+# shown by leakcheck, never counted as a leak, since other users' runs move them.
+INFO_ONLY = frozenset({"all_cgroups", "all_sandbox_inits", "zombies"})
+
+
 @dataclass
 class Snapshot:
-    """Counters at one moment. `owner` is the supervisor audited (this process by default)."""
+    """Counters at one moment. `owner` is the supervisor audited (this process by default).
+
+    "Ours" means: of `owner` or a descendant of it, or left by a supervisor that is dead
+    (a stale cgroup, an init re-parented to pid 1). Runs of other live supervisors on the
+    same machine are only in the all_* counters."""
 
     owner: int
     fds: int = 0
@@ -280,13 +289,15 @@ class Snapshot:
     rss_bytes: int = 0
     mounts: int = 0
     runner_mounts: int = 0
-    cgroups: int = 0  # sandboxrun-* run cgroups, any owner
-    own_cgroups: int = 0  # those of `owner`
+    cgroups: int = 0  # ours or stale sandboxrun-* run cgroups
+    own_cgroups: int = 0  # those named after `owner` itself
+    all_cgroups: int = 0
     temp_dirs: int = 0
     children: int = 0  # descendants of `owner` but its fork server
-    sandbox_inits: int = 0  # machine-wide
+    sandbox_inits: int = 0  # ours or orphaned
+    all_sandbox_inits: int = 0
     zombies: int = 0  # machine-wide
-    runner_zombies: int = 0  # ours, our descendants', or orphans on init
+    runner_zombies: int = 0  # unreaped children of ours or of our descendants
     state_entries: int = 0
     details: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -302,26 +313,31 @@ def snapshot(owner: int | None = None, *, temp_bases: Iterable[str] | None = Non
     pid = os.getpid() if owner is None else owner
     proc: int | str = "self" if pid == os.getpid() else pid
     table = list(processes())
+    alive = {p.pid for p in table if p.state != "Z"}
+    below = descendants(pid, table)
+    ours = {pid} | {p.pid for p in below}
     keep = forkserver_pids(pid, table)
-    kids = [p for p in descendants(pid, table) if p.pid not in keep]
-    ours = {pid} | {p.pid for p in descendants(pid, table)}
+    kids = [p for p in below if p.pid not in keep]
     zs = zombies(table)
-    rzs = [p for p in zs if p.ppid in ours or p.ppid == 1]
+    rzs = [p for p in zs if p.ppid in ours]
     inits = [p for p in table if p.comm == f"{NAME}-init" and p.state != "Z"]
-    cgs = runner_cgroups()
-    own = [c for c in cgs if cgroup_owner(c) == pid]
+    our_inits = [p for p in inits if p.pid in ours or p.ppid == 1 or p.ppid not in alive]
+    all_cgs = runner_cgroups()
+    cgs = [c for c in all_cgs if cgroup_owner(c) in ours or cgroup_owner(c) not in alive]
+    own = [c for c in all_cgs if cgroup_owner(c) == pid]
     mnt = mounts(proc)
     rmnt = [m for m in mnt if NAME in m]
     tmps = temp_dirs(temp_bases)
     state = state_entries()
     return Snapshot(
         owner=pid, fds=open_fds(proc), threads=threads(proc), rss_bytes=rss_bytes(proc), mounts=len(mnt),
-        runner_mounts=len(rmnt), cgroups=len(cgs), own_cgroups=len(own), temp_dirs=len(tmps),
-        children=len(kids), sandbox_inits=len(inits), zombies=len(zs), runner_zombies=len(rzs),
-        state_entries=len(state),
+        runner_mounts=len(rmnt), cgroups=len(cgs), own_cgroups=len(own), all_cgroups=len(all_cgs),
+        temp_dirs=len(tmps), children=len(kids), sandbox_inits=len(our_inits), all_sandbox_inits=len(inits),
+        zombies=len(zs), runner_zombies=len(rzs), state_entries=len(state),
         details={
             "fds": fd_targets(proc), "mounts": mnt, "runner_mounts": rmnt, "cgroups": cgs, "own_cgroups": own,
-            "temp_dirs": tmps, "children": [str(p) for p in kids], "sandbox_inits": [str(p) for p in inits],
+            "all_cgroups": all_cgs, "temp_dirs": tmps, "children": [str(p) for p in kids],
+            "sandbox_inits": [str(p) for p in our_inits], "all_sandbox_inits": [str(p) for p in inits],
             "zombies": [str(p) for p in zs], "runner_zombies": [str(p) for p in rzs], "state_entries": state,
         },
     )
@@ -329,10 +345,12 @@ def snapshot(owner: int | None = None, *, temp_bases: Iterable[str] | None = Non
 
 def growth(before: Snapshot, after: Snapshot, *, rss_slack: int = 0) -> dict[str, tuple[int, int]]:
     """Counters that grew from `before` to `after` (RSS beyond `rss_slack` bytes), as
-    {name: (before, after)}; empty means nothing leaked."""
+    {name: (before, after)}; empty means nothing leaked. INFO_ONLY counters are left out."""
     out = {}
     b, a = before.counters(), after.counters()
     for key, was in b.items():
+        if key in INFO_ONLY:
+            continue
         now = a[key]
         limit = was + (rss_slack if key == "rss_bytes" else 0)
         if now > limit:

@@ -3,14 +3,16 @@
 Started by sessions.start() in the role conmon plays for podman. It detaches (one
 fork: the starter reaps the first process at once, so no zombie is left in a
 long-lived caller), forks the sandbox while still single-threaded (DirectForker:
-unshare and fork need that), and only then starts threads: the control socket
-server and its per-connection handlers. The supervisor's loop runs in the main
-thread and pumps the sandbox's output into the session's capped logs.
+unshare and fork need that; rootless, the fork server), and only then starts
+threads: the control socket server and its per-connection handlers. The
+supervisor's loop runs in the main thread and pumps the output into capped logs.
 
 When the run ends it writes result.json, then meta.json (state "exited"), and exits.
-If the monitor is killed, the sandbox's init gets SIGKILL (PR_SET_PDEATHSIG), its pid
-namespace dies with it, and readers report the session as "lost". SIGTERM/SIGINT
-to the monitor kill the sandbox the orderly way (and the Result is still written).
+If the monitor is killed, the sandbox's init gets SIGKILL (PR_SET_PDEATHSIG; rootless,
+the fork server kills it when the monitor's socket closes), its pid namespace dies
+with it, and readers report the session as "lost" (and SIGKILL an init that
+survived). SIGTERM/SIGINT to the monitor kill the sandbox the orderly way, and the
+Result is still written.
 
 Control protocol: one JSON line per connection, one JSON line back ({"ok": ...}).
   write {data: base64}   to the stdin pipe or the terminal (bounded wait if it is full)
@@ -230,9 +232,12 @@ class Monitor:
 
     def _finish(self, res: Result) -> None:
         lim = self.prof.limits
+        note = res.stderr.encode()  # only the supervisor's own lines ("sandboxrun: ..."): we kept no output
+        if note and "stderr" in self.logs:
+            self._on_stderr(note)  # so `log` and `poll` show why it ended, too
         for stream in ("stdout", "stderr"):
             log = self.logs.get(stream) or (self.logs["output"] if stream == "stdout" else None)
-            tail, total = b"", 0
+            tail, total = (b"", 0) if log is not None else (note, len(note))  # a terminal's stderr: the note
             if log is not None:
                 tail, total = read_log(log.path, log.token)[1][-lim.output:], log.total
             setattr(res, stream, tail.decode(errors="replace"))

@@ -22,11 +22,13 @@ def _null() -> int:
 
 
 class Capture:
-    def __init__(self, cap: int, on_data: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, cap: int, on_data: Callable[[bytes], None] | None = None, *,
+                 forward_all: bool = False) -> None:
         self.cap = cap
         self.data = bytearray()
         self.total = 0
         self.on_data = on_data
+        self.forward_all = forward_all  # on_data sees every byte, past the cap too (session logs)
 
     @property
     def truncated(self) -> bool:
@@ -38,13 +40,16 @@ class Capture:
         room = self.cap - len(self.data)
         if room > 0:
             self.data += chunk[:room]
-        if self.on_data is not None and room > 0:
-            self.on_data(chunk[:room])
+        if self.on_data is not None:
+            if self.forward_all:
+                self.on_data(chunk)
+            elif room > 0:
+                self.on_data(chunk[:room])
 
     def read_from(self, fd: int) -> bool:
         """One read from a non-blocking pipe. False at EOF."""
         room = self.cap - len(self.data)
-        if room > 0:
+        if room > 0 or self.forward_all:
             try:
                 chunk = os.read(fd, max(CHUNK, min(room, 1 << 20)))
             except BlockingIOError:

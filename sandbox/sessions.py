@@ -418,9 +418,11 @@ class Session:
             return "exited"
         m = self.meta
         if not m:
-            if not os.path.isdir(self.dir):
-                raise InputError(f"session {self.id} no longer exists (cleared or expired)")
-            return "lost"
+            try:
+                age = time.time() - os.stat(self.dir).st_mtime
+            except FileNotFoundError:
+                raise InputError(f"session {self.id} no longer exists (cleared or expired)") from None
+            return "starting" if age < 60 else "lost"  # a starter is writing it, or died doing so
         if m.get("state") == "lost":
             return "lost"
         if self._monitor_alive(m):
@@ -599,7 +601,10 @@ class Session:
             os.close(dfd)
         if not buf:
             raise SandboxError(f"session {self.id} ended before it answered")
-        reply = json.loads(buf)
+        try:
+            reply = json.loads(buf)
+        except ValueError:
+            raise SandboxError(f"session {self.id}: its monitor answered {buf[:80]!r}") from None
         if not reply.get("ok"):
             raise InputError(f"session {self.id}: {reply.get('error', 'refused')}")
         return reply
@@ -652,13 +657,15 @@ class Session:
     def kill(self, grace: float | None = None, timeout: float = 60.0) -> Result | None:
         """SIGTERM to the whole sandbox, SIGKILL after the grace (the profile's kill_grace);
         returns the final Result (None if it did not end within `timeout`)."""
+        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0):
+            raise InputError(f"grace: expected seconds >= 0, got {grace!r}")
         st = self.state
         if st in ("running", "starting"):
             req: dict[str, Any] = {"op": "kill"}
             if grace is not None:
                 req["grace"] = float(grace)
             try:
-                self._ctl(req, timeout=(grace or 0) + 30)
+                self._ctl(req, timeout=(grace if grace is not None else float(self.meta.get("kill_grace", 1))) + 30)
             except InputError:
                 pass  # it ended meanwhile
             except (SandboxError, OSError):

@@ -66,14 +66,17 @@ def cmd_start(argv: list[str]) -> int:
         print(f"sandboxrun: blocked: {e.result.block_reason}", file=sys.stderr)
         return e.exit_code
     info = sess.info()
+    res = sess.result if info["state"] == "exited" else None
+    # It never ran: a setup failure (125) or an exec failure (127 not found, 126 not executable).
+    failed = res is not None and (res.status == "setup_error" or bool(res.error and res.exit_code in (126, 127)))
     if ns.json:
         _print_json(info)
     else:
         print(sess.id)
-        print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}", file=sys.stderr)
-    res = sess.result if info["state"] == "exited" else None
-    if res is not None and (res.status == "setup_error" or (res.error and res.exit_code in (126, 127))):
-        # It never ran: a setup failure (125) or an exec failure (127 not found, 126 not executable).
+        if not failed:
+            print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}",
+                  file=sys.stderr)
+    if res is not None and failed:
         print(f"sandboxrun: session {sess.id} did not start: {res.error}", file=sys.stderr)
         return exit_code_for(res)
     return 0

@@ -84,7 +84,8 @@ class Request:
     trace: bool = False
     pty_fd: int | None = None  # the terminal's slave side: the command's stdin/stdout/stderr
     pty_master: int | None = None  # read instead of the stdout pipe when pty_fd is set
-    on_started: Callable[[int], None] | None = None  # called with the init's host pid once running
+    on_started: Callable[[int], None] | None = None  # called with the init's host pid once the command runs
+    forward_all: bool = False  # on_stdout/on_stderr get every byte, not only the captured ones
 
 
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
@@ -372,8 +373,6 @@ def execute(req: Request) -> Result:
         if cg is not None:
             _join_cgroup(cg, launched.pid, sync_w)
             opened.remove(sync_w)
-        if req.on_started is not None:
-            req.on_started(launched.pid)
         if req.pty_master is not None:
             os.close(out_r)  # the terminal carries both streams
             opened.remove(out_r)
@@ -412,6 +411,7 @@ class _Report:
     error: tuple[str, int, str] | None = None
     trace: dict[str, float] = field(default_factory=dict)
     landlock_abi: int = 0
+    started: bool = False  # the command was spawned
     buf: bytes = b""
 
     def feed(self, data: bytes) -> None:
@@ -433,6 +433,8 @@ class _Report:
             for kv in rest.split():
                 k, _, v = kv.partition("=")
                 self.trace[k] = float(v)
+        elif kind == "S":
+            self.started = True
         elif kind == "A" and rest.startswith("landlock="):
             self.landlock_abi = int(rest.split("=", 1)[1])
 
@@ -448,8 +450,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                cg: cgroups.RunCgroup | None, started: float) -> Result:
     prof = req.profile
     lim = prof.limits
-    out = Capture(lim.output, req.on_stdout)
-    err = Capture(lim.output, req.on_stderr)
+    out = Capture(lim.output, req.on_stdout, forward_all=req.forward_all)
+    err = Capture(lim.output, req.on_stderr, forward_all=req.forward_all)
     report = _Report()
     sel = selectors.DefaultSelector()
     for fd in (out_r, err_r, rep_r):
@@ -504,7 +506,10 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     except BlockingIOError:
                         continue
                     if data:
+                        started_before = report.started
                         report.feed(data)
+                        if report.started and not started_before and req.on_started is not None:
+                            req.on_started(launched.pid)
                     else:
                         sel.unregister(rep_r)
                         open_streams.discard("report")
@@ -620,6 +625,12 @@ def run(
 ) -> Result:
     """Run `command` in a sandbox and return its Result. Never raises for what the
     command does; raises SandboxError (InputError/ProfileError) for bad input."""
+    if overrides.get("yield_after") is not None:
+        from .sessions import run_or_yield
+
+        return run_or_yield(command, profile=profile, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell,
+                            **overrides)
+    overrides.pop("yield_after", None)
     started = time.monotonic()
     trace = bool(overrides.pop("trace", False)) or os.environ.get("SANDBOXRUN_TRACE") == "1"
     on_stdout = overrides.pop("on_stdout", None)

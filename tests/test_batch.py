@@ -125,6 +125,27 @@ def test_input_is_streamed_and_closing_stops_the_batch(isolated) -> None:
     assert next(pulled) <= 3 + 2 * 4  # bounded window, never the whole input
 
 
+_STRESS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import sandbox
+reqs = [{"command": ["cat"], "stdin": "x" * (i % 3), "timeout": 20} for i in range(200)]
+bad = [(r.id, r.status, r.error) for r in sandbox.run_many(reqs, concurrency=4) if getattr(r, "stdout", None) != "x" * ((r.id - 1) % 3)]
+print("done", bad)
+"""
+
+
+def test_many_threads_with_stdin_all_finish(isolated) -> None:
+    # Regression: a run that fed stdin closed its pipe twice; in a threaded caller the
+    # second close hit another run's freshly opened fd (its pidfd), which then waited
+    # forever. In a subprocess, so that a hang fails the test instead of the suite.
+    try:
+        p = subprocess.run([sys.executable, "-c", _STRESS, str(ROOT)], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("run_many hung: some run never finished (fd closed twice in a threaded caller?)")
+    assert p.returncode == 0 and p.stdout.strip() == "done []", p.stdout + p.stderr[-2000:]
+
+
 def test_package_level_alias(isolated) -> None:
     (r,) = sandbox.run_many([{"command": ["echo", "hi"], "id": "z"}])
     assert (r.id, r.stdout) == ("z", "hi\n")

@@ -32,7 +32,6 @@ from sandbox.isolation import cgroups
 from sandbox.profile import load, with_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 # Counters that must not grow across one fault test (RSS is the soak test's business).
 CHECKED = ("fds", "threads", "mounts", "runner_mounts", "cgroups", "own_cgroups", "temp_dirs", "children",
            "sandbox_inits", "runner_zombies", "state_entries")
@@ -59,10 +58,10 @@ def wait_until(pred: Callable[[], Any], timeout: float, step: float = 0.01) -> A
         time.sleep(step)
 
 
-def settled(before: leaks.Snapshot, timeout: float = 5.0) -> dict[str, tuple[int, int]]:
+def settled(before: leaks.Snapshot, temp_bases: list[str], timeout: float = 5.0) -> dict[str, tuple[int, int]]:
     """Counters still grown after teardown had `timeout` seconds to finish."""
     def grown() -> dict[str, tuple[int, int]]:
-        after = leaks.snapshot()
+        after = leaks.snapshot(temp_bases=temp_bases)
         g = {k: v for k, v in leaks.growth(before, after).items() if k in CHECKED}
         settled.last = (after, g)  # type: ignore[attr-defined]
         return g
@@ -71,12 +70,28 @@ def settled(before: leaks.Snapshot, timeout: float = 5.0) -> dict[str, tuple[int
     return settled.last[1]  # type: ignore[attr-defined]
 
 
+def env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+
+
 @pytest.fixture
-def no_leftovers(isolated) -> Iterator[None]:
+def private_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Fresh workdirs of this test (in-process and in the CLIs it starts) go to a directory of
+    its own, so they are counted apart from other users' runs, and /tmp itself is never at
+    stake when a test removes or chmods things."""
+    base = tmp_path_factory.mktemp("tmpdir")
+    base.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    monkeypatch.setenv("TMPDIR", str(base))
+    yield base
+
+
+@pytest.fixture
+def no_leftovers(isolated, private_tmp: Path) -> Iterator[None]:
     sandbox.run(["/bin/true"])  # the fork server and caches exist before the baseline
-    before = leaks.snapshot()
+    before = leaks.snapshot(temp_bases=[str(private_tmp)])
     yield
-    grown = settled(before)
+    grown = settled(before, [str(private_tmp)])
     assert not grown, "left behind:\n" + leaks.describe(before, settled.last[0], grown)  # type: ignore[attr-defined]
 
 
@@ -87,7 +102,12 @@ def marked_cmd(mark: str) -> list[str]:
 
 
 def wait_marked(mark: str, count: int = 2, timeout: float = 30) -> None:
-    assert wait_until(lambda: len(leaks.marked(mark)) >= count, timeout), f"the command with {mark} never started"
+    """Until the sandboxed processes run (argv[0] is the mark: the caller's and the init's
+    command lines merely contain it)."""
+    def running() -> bool:
+        return sum(p.cmdline.startswith(mark) for p in leaks.marked(mark)) >= count
+
+    assert wait_until(running, timeout), f"the command with {mark} never started"
 
 
 def assert_gone_within(mark: str, seconds: float, after: str) -> None:
@@ -123,7 +143,7 @@ def killed_caller(via: str, mark: str, tmpdir: Path) -> Iterator[subprocess.Pope
     # The marker travels inside a list literal or argv, never in our own command line.
     args = ([sys.executable, "-c", CALLER.format(cmd=cmd)] if via == "library"
             else [sys.executable, "-m", "sandbox", "--timeout", "120", "--", *cmd])
-    p = subprocess.Popen(args, env=dict(ENV, TMPDIR=str(tmpdir)), cwd=ROOT, stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(args, env=env(TMPDIR=str(tmpdir)), cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         wait_marked(mark)
@@ -135,7 +155,7 @@ def killed_caller(via: str, mark: str, tmpdir: Path) -> Iterator[subprocess.Pope
         if p.poll() is None:
             p.kill()
             p.wait()
-        subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], env=ENV, cwd=ROOT, timeout=60,
+        subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], env=env(), cwd=ROOT, timeout=60,
                        capture_output=True)
         assert_gone_within(mark, 2.0, "the start-up sweep")
 
@@ -163,7 +183,7 @@ def test_killed_callers_workdir_is_swept_at_the_next_start(no_leftovers, via: st
             assert [d.name[:11] for d in tmp_path.iterdir()] == ["sandboxrun-"]
         # The sweep runs in processes with the default TMPDIR: look there too.
         code = "import sandbox; sandbox.run(['true'])"
-        subprocess.run([sys.executable, "-c", code], env=dict(ENV, TMPDIR=str(tmp_path)), cwd=ROOT, timeout=60)
+        subprocess.run([sys.executable, "-c", code], env=env(TMPDIR=str(tmp_path)), cwd=ROOT, timeout=60)
         assert list(tmp_path.iterdir()) == []
     finally:
         for d in tmp_path.iterdir():
@@ -237,14 +257,14 @@ def test_injected_failure_at_each_child_step_is_a_named_setup_error(no_leftovers
 def test_cgroup_unavailable_is_a_setup_error_at_step_cgroup(no_leftovers) -> None:
     # detect() caches its answer per process: force "none" in a fresh one.
     code = "import sandbox, json; r = sandbox.run(['true']); print(json.dumps([r.status, r.error_step, r.error]))"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(ENV, SANDBOXRUN_CGROUP="none"), cwd=ROOT,
+    out = subprocess.run([sys.executable, "-c", code], env=env(SANDBOXRUN_CGROUP="none"), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     import json
 
     status, step, error = json.loads(out.stdout)
     assert (status, step) == ("setup_error", "cgroup") and "SANDBOXRUN_CGROUP" in error
-    r = subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], env=dict(ENV, SANDBOXRUN_CGROUP="none"),
+    r = subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], env=env(SANDBOXRUN_CGROUP="none"),
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 125 and "cgroup" in r.stderr and "Traceback" not in r.stderr
 
@@ -316,16 +336,6 @@ def test_callers_workdir_made_read_only_mid_run(no_leftovers, tmp_path) -> None:
     assert "touch=1" in r.stdout, (r.stdout, r.stderr)
     assert sorted(os.listdir(work)) == ["keep"]
     work.chmod(0o755)
-
-
-@pytest.fixture
-def private_tmp(tmp_path, monkeypatch) -> Iterator[Path]:
-    """Fresh workdirs go here, so their removal can be watched (and /tmp is never at stake)."""
-    base = tmp_path / "tmp"
-    base.mkdir(mode=0o755)
-    base.chmod(0o755)
-    monkeypatch.setattr(tempfile, "tempdir", str(base))
-    yield base
 
 
 def _fresh_workdir(base: Path) -> Path:
@@ -445,7 +455,7 @@ def test_100_runs_from_asyncio_while_others_time_out(no_leftovers) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_cli_tears_down_and_exits_130(no_leftovers, sig: int) -> None:
     mark = marker()
-    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=ENV, cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=env(), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_marked(mark)

@@ -143,6 +143,16 @@ def test_kill_stops_the_whole_sandbox(contained) -> None:
     assert s.kill() is not None  # killing an ended session is a no-op answer
 
 
+def test_sigterm_to_the_monitor_ends_the_run_in_order(contained) -> None:
+    mark = marker()
+    s = sandbox.start(["bash", "-c", f"echo up; exec -a {mark} sleep 1000"])
+    output_until(s, "up")
+    os.kill(s.meta["monitor_pid"], signal.SIGTERM)
+    res = s.wait(20)
+    assert res is not None and res.status == "signaled" and res.error.startswith("killed on request"), res
+    assert alive_with(mark) == []
+
+
 def test_killed_monitor_takes_the_sandbox_and_reads_lost(contained) -> None:
     mark = marker()
     s = sandbox.start(["bash", "-c", f"echo logged; exec -a {mark} sleep 1000"], name="victim")
@@ -224,7 +234,8 @@ def test_log_paging() -> None:
 
 def test_log_limit_drops_oldest_bytes_with_a_marker(tmp_path: Path) -> None:
     prof = tmp_path / "small.toml"
-    prof.write_text('extends = "strict"\nname = "small"\n[limits]\nlog_size = "4KiB"\n')
+    # output (the Result's cap) far below what is printed: the log must still get every byte.
+    prof.write_text('extends = "strict"\nname = "small"\n[limits]\nlog_size = "4KiB"\noutput = "1KiB"\n')
     s = sandbox.start(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); echo line$i; done"],
                       profile=str(prof))
     res = s.wait(30)
@@ -237,6 +248,7 @@ def test_log_limit_drops_oldest_bytes_with_a_marker(tmp_path: Path) -> None:
     dropped, kept = sessions.read_log(os.path.join(s.dir, "stdout.log"), s.meta["log_token"])
     total = sum(len(f"line{i}\n") for i in range(1, 2001))
     assert dropped + len(kept) == total == res.stdout_bytes and res.stdout_truncated
+    assert len(res.stdout) == 1024 and res.stdout.endswith("line2000\n")
     assert kept.startswith(b"line")  # cut at a line start
     page = s.log(limit=5000)
     assert page.lines[0] == f"[sandboxrun: {dropped} earlier bytes dropped (limits.log_size)]"
