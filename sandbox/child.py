@@ -109,21 +109,26 @@ def _await_cgroup(sync_fd: int) -> None:
 
 
 def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str, float]) -> None:
-    step = ["session"]
+    step = [""]
     t = time.perf_counter()
+
+    fail_step = plan.extra.get("fail_step")
 
     def mark(name: str) -> None:
         """Start step `name`; with tracing, charge the time so far to the previous step."""
         nonlocal t
-        if plan.trace:
+        if plan.trace and step[0]:
             now = time.perf_counter()
             trace[step[0]] = (now - t) * 1000
             t = now
         step[0] = name
+        if name == fail_step:  # test-only fault injection: SANDBOXRUN_FAIL_STEP=<step>
+            raise StepError(name, 5, "injected failure (SANDBOXRUN_FAIL_STEP)")
 
     import prctl  # already imported by the forker: costs nothing here
 
     try:
+        mark("session")
         os.setsid()
         prctl.set_name("sandboxrun-init")
         mark("pdeathsig")

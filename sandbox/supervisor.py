@@ -280,6 +280,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         nested_userns=rootless and bool(prof.namespaces),
         seccomp_bpf=bpf, landlock=prof.landlock, landlock_ro=("/",), landlock_rw=tuple(rw),
         trace=req.trace, pty=req.pty_fd is not None,
+        extra={"fail_step": os.environ["SANDBOXRUN_FAIL_STEP"]} if "SANDBOXRUN_FAIL_STEP" in os.environ else {},
     )
 
 
