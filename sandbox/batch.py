@@ -110,6 +110,8 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
         raise InputError("missing key 'command'")
     if not isinstance(d.get("shell", False), bool):
         raise InputError(f"shell: expected true or false, got {d['shell']!r}")
+    if not isinstance(d.get("env") or {}, dict):
+        raise InputError(f"env: expected an object of NAME: value strings, got {type(d['env']).__name__}")
     return rid, d
 
 

@@ -48,9 +48,8 @@ def preload() -> None:
     """Import every module the child uses, in the forker, before any fork: after
     pivot_root the package is no longer reachable, and forked children then share
     the pages instead of each importing again."""
-    import importlib
-
     import fcntl  # noqa: F401 - the PTY and network steps use them after pivot_root
+    import importlib
     import socket  # noqa: F401
     import termios  # noqa: F401
 
@@ -134,9 +133,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("pdeathsig")
         prctl.set_pdeathsig(signal.SIGKILL)  # (getppid() is 0 here: the parent is outside our pid ns)
         mark("namespaces")
-        from .isolation.syscalls import CLONE_NEWCGROUP, unshare
-
-        from .isolation.syscalls import CLONE_NEWNS
+        from .isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNS, unshare
 
         now = plan.unshare_flags & ~CLONE_NEWCGROUP
         if plan.view_template >= 0:
@@ -221,7 +218,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         raise
     except OSError as e:
         raise StepError(step[0], e.errno or 0, str(e)) from None
-    except Exception as e:  # a bug or an unexpected refusal: still a named setup error
+    except Exception as e:  # noqa: BLE001 - a bug or an unexpected refusal: still a named setup error
         raise StepError(step[0], 0, f"{type(e).__name__}: {e}") from None
 
 
@@ -284,7 +281,7 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
     except StepError as e:
         _report(report_fd, f"E {e.step} {e.errno} {e.message}")
         os._exit(125)
-    except BaseException as e:  # never let Python unwind into the forker's code
+    except BaseException as e:  # noqa: BLE001 - never let Python unwind into the forker's code
         _report(report_fd, f"E child 0 {type(e).__name__}: {e}")
         os._exit(125)
     os._exit(125)

@@ -422,6 +422,10 @@ _LIMIT_OVERRIDES = {
 }
 
 
+def _error_for(source: str, key: str, value: Any) -> Any:
+    return lambda msg: ProfileError(msg, source=source, key=key, value=value)
+
+
 def with_overrides(profile: Profile, **overrides: Any) -> Profile:
     """Apply single-setting overrides (library kwargs and CLI flags), validated like the file."""
     if not overrides:
@@ -432,7 +436,7 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
     for key, value in overrides.items():
         if value is None:
             continue
-        err = (lambda k, v: (lambda msg: ProfileError(msg, source=src, key=k, value=v)))(key, value)
+        err = _error_for(src, key, value)
         if key in _LIMIT_OVERRIDES:
             try:
                 v = _coerce(_LIMIT_OVERRIDES[key], value, err)

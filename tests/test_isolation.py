@@ -209,8 +209,8 @@ def test_ipc_namespace_hides_host_sysv_shm() -> None:
 def test_proc_knobs_read_only() -> None:
     knobs = [k for k in ("/proc/sys/vm/overcommit_memory", "/proc/sys/kernel/domainname", "/proc/sysrq-trigger")
              if os.path.exists(k)]
-    code = ("import errno\nfor k in %r:\n    try:\n        open(k, 'w').write('0')\n        print(k, 'written')\n"
-            "    except OSError as e:\n        print(k, errno.errorcode[e.errno])") % (knobs,)
+    code = (f"import errno\nfor k in {knobs!r}:\n    try:\n        open(k, 'w').write('0')\n        print(k, 'written')\n"
+            "    except OSError as e:\n        print(k, errno.errorcode[e.errno])")
     r = sandbox.run(py(code))
     assert r.stdout.count("EROFS") == len(knobs) >= 2, r.stdout + r.stderr
 
