@@ -220,6 +220,9 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         except json.JSONDecodeError as e:
             yield n, _Invalid(f"invalid JSON: {e.msg} at column {e.colno}")
             continue
+        except RecursionError:
+            yield n, _Invalid("invalid JSON: nested too deeply")
+            continue
         if not isinstance(obj, dict):
             yield n, _Invalid(f"expected a JSON object, got {type(obj).__name__}")
             continue

@@ -109,6 +109,8 @@ def explain(result: Any) -> str | None:
         return f"sandboxrun: {st.replace('_', ' ')}: {result.error}"
     if st == "signaled":
         return f"sandboxrun: killed by {result.signal}"
+    if result.exit_code in (126, 127) and result.error:
+        return f"sandboxrun: {result.error}"
     if result.stdout_truncated or result.stderr_truncated:
         return (f"sandboxrun: output truncated (stdout {result.stdout_bytes} bytes, "
                 f"stderr {result.stderr_bytes} bytes)")

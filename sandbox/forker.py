@@ -323,18 +323,36 @@ class ServerForker:
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         with self._lock:
-            if self._sock is None or self._owner != os.getpid():
-                self._sock = self._start()
-            try:
-                _send_msg(self._sock, plan, fds.all())
-                reply, rfds = _recv_msg(self._sock, 1)
-            except (EOFError, OSError):
-                self._sock = None  # the server died: start a new one on the next call
-                raise ForkError("forkserver", 0, "the fork server went away") from None
+            for attempt in (1, 2):
+                if self._sock is None or self._owner != os.getpid():
+                    self._sock = self._start()
+                try:
+                    _send_msg(self._sock, plan, fds.all())
+                except OSError:
+                    # The server died before this request: nothing was started, start a new one.
+                    self._drop()
+                    if attempt == 2:
+                        raise ForkError("forkserver", 0, "the fork server could not be started") from None
+                    continue
+                try:
+                    reply, rfds = _recv_msg(self._sock, 1)
+                    break
+                except (EOFError, OSError):
+                    self._drop()  # it died while forking: do not retry a request it may have run
+                    raise ForkError("forkserver", 0, "the fork server went away") from None
         assert isinstance(reply, tuple)
         if reply[0] == "error":
             raise ForkError(reply[1], reply[2], reply[3])
         return Launched(host_pid(rfds[0]), rfds[0], False)
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
 
     def close(self) -> None:
         with self._lock:

@@ -152,7 +152,7 @@ def _env(text: str | None) -> dict[str, str]:
         return {}
     try:
         env = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise PayloadError("env", f"expected a JSON object inside the string: {e}") from None
     if not isinstance(env, dict):
         raise PayloadError("env", f"expected a JSON object, got {_json_type(env)}")
@@ -246,7 +246,7 @@ def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
 def _json_or_str(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 
@@ -266,6 +266,8 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
         doc = json.loads(text)
     except ValueError as e:
         raise PayloadError("payload", f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise PayloadError("payload", "invalid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise PayloadError("payload", f"expected a JSON object, got {_json_type(doc)}")
     unknown = [k for k in doc if k not in TOP_LEVEL]
@@ -274,6 +276,8 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     action = doc.get("action")
     if action is None:
         raise PayloadError("action", f"missing (one of: {', '.join(PROPERTIES)})")
+    if not isinstance(action, str):
+        raise PayloadError("action", f"expected a string, got {_json_type(action)}")
     if action not in PROPERTIES:
         raise PayloadError("action", f"unknown action {action!r} (one of: {', '.join(PROPERTIES)})")
     req = PayloadRequest(action=action)

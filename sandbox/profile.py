@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"malformed TOML: {e}", source=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"not UTF-8 ({e.reason} at byte {e.start})", source=str(path)) from None
+    except RecursionError:
+        raise ProfileError("malformed TOML: nested too deeply", source=str(path)) from None
     except OSError as e:
         raise ProfileError(f"cannot read: {e.strerror}", source=str(path)) from None
 
@@ -384,8 +389,11 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
 
     proc = values.get("process", {})
     flt = values.get("filter", {})
+    for key in ("block", "scan"):
+        for pattern in flt.get(key, ()):
+            check_pattern(pattern, err_for(f"filter.{key}", pattern))
     hostname = proc.get("hostname", "sandbox")
-    if not hostname or len(hostname) > 64 or "/" in hostname:
+    if not hostname or len(hostname.encode()) > 64 or "/" in hostname:
         raise ProfileError("expected 1-64 characters without '/'", source=source,
                            key="process.hostname", value=hostname)
     return Profile(
@@ -396,6 +404,20 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
         cgroup=sec.get("cgroup", "required"), blocklist=flt.get("blocklist", True), block=flt.get("block", ()),
         allow=flt.get("allow", ()), scan=flt.get("scan", ()),
     )
+
+
+# A group that repeats something repeatable, like (a+)+ or (a|aa)*: exponential backtracking.
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]")
+
+
+def check_pattern(pattern: str, err: Any) -> None:
+    """A profile's regex must compile and must not be able to hang the filter."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise err(f"invalid regular expression: {e}") from None
+    if _NESTED_QUANTIFIER.search(pattern):
+        raise err("nested quantifier (like (a+)+) can backtrack for ever: rewrite it")
 
 
 _MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "shm_size": 64 * 2**10, "address_space": 16 * 2**20,
@@ -454,6 +476,8 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             limits = dataclasses.replace(limits, **{key: v})
             check_limits(limits, src, {key: value})
         elif key in ("ro_bind", "bind"):
+            if not isinstance(value, (str, list, tuple)):
+                raise err("expected a path spec SRC[:DST] or a list of them")
             specs = [value] if isinstance(value, str) else list(value)
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
                           for s in specs)
@@ -474,7 +498,10 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 _check_env_pair(k, v, err)
             changes["env"] = (*profile.env, *value.items())
         elif key == "hostname":
-            changes["hostname"] = _coerce("str", value, err)
+            v = _coerce("str", value, err)
+            if not v or len(v.encode()) > 64 or "/" in v:
+                raise err("expected 1-64 bytes without '/'")
+            changes["hostname"] = v
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)

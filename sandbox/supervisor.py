@@ -193,7 +193,9 @@ class _Workdir:
     def __init__(self, cwd: str | None, owner: tuple[int, int] | None) -> None:
         self.fresh = cwd is None
         if cwd is None:
-            self.path = tempfile.mkdtemp(prefix="sandboxrun-")
+            _sweep_stale_workdirs()
+            # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
+            self.path = tempfile.mkdtemp(prefix=f"sandboxrun-{os.getpid()}-")
             if owner is not None:
                 os.chown(self.path, *owner)
         else:
@@ -211,14 +213,51 @@ class _Workdir:
 
     def cleanup(self) -> None:
         if self.fresh:
-            def onerror(_f: object, p: str, _e: object) -> None:
+            remove_tree(self.path)
+
+
+def remove_tree(path: str) -> None:
+    """rmtree that neither follows symlinks (rmtree never does) nor gives up on a
+    directory the sandbox made unwritable; never touches anything above `path`."""
+    if not os.path.lexists(path):
+        return
+
+    def onerror(_f: object, p: str, _e: object) -> None:
+        for d in (os.path.dirname(p), p):
+            if d.startswith(path) and not os.path.islink(d):
                 try:
-                    os.chmod(os.path.dirname(p), 0o700)
-                    os.chmod(p, 0o700)
+                    os.chmod(d, 0o700)
                 except OSError:
                     pass
-            shutil.rmtree(self.path, onerror=onerror)
-            shutil.rmtree(self.path, ignore_errors=True)
+
+    shutil.rmtree(path, onerror=onerror)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_swept = False
+
+
+def _sweep_stale_workdirs() -> None:
+    """Once per process: remove fresh workdirs of supervisors that died (SIGKILL)."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "sandboxrun" or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or cgroups._pid_alive(pid):
+            continue
+        path = os.path.join(base, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            remove_tree(path)
 
 
 def _identity(cwd: str | None, work: _Workdir) -> tuple[int, int, int | None, Any]:
@@ -378,7 +417,16 @@ def execute(req: Request) -> Result:
             os.close(out_r)  # the terminal carries both streams
             opened.remove(out_r)
             out_r = req.pty_master
-        res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
+        if stdin_w >= 0:
+            opened.remove(stdin_w)  # _supervise closes it (once) when stdin is written
+        for fd in (out_r, err_r, rep_r):
+            if fd in opened:
+                opened.remove(fd)  # _supervise owns them now
+        try:
+            res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
+        finally:
+            for fd in {out_r, err_r, rep_r} - {req.pty_master}:
+                os.close(fd)
         if res.status != "setup_error":  # nothing was applied to a command that never ran
             abi = res.isolation.landlock_abi
             res.isolation = _isolation(prof, plan, cg, host_uid)

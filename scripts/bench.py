@@ -347,6 +347,23 @@ def table(cases: dict[str, Case], goals: list[Goal]) -> str:
     return "\n".join(lines)
 
 
+def markdown(cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) -> str:
+    """The same two tables in Markdown, for the README."""
+    out = [f"{meta['cpus']} CPUs, kernel {meta['kernel']}, {meta['bwrap'] or 'no bwrap'}, programs run with "
+           f"{meta['python_programs_version']}, commit {meta['commit']}, {meta['date']}, mode {meta['mode']}.", "",
+           "| case | median | what |", "|---|---:|---|"]
+    for c in cases.values():
+        val = _fmt(c.value, c.unit) if not c.error else f"failed: {c.error[:60]}"
+        out.append(f"| `{c.name}` | {val} | {c.command.replace('|', '/')} |")
+    out += ["", "| goal | measured | target | result |", "|---|---:|---:|---|"]
+    for g in goals:
+        unit = "x" if g.reference else ""
+        ratio = "-" if g.ratio is None else f"{g.ratio:.2f}{unit}"
+        res = "n/a" if g.passed is None else ("**pass**" if g.passed else "**fail**")
+        out.append(f"| {g.text} | {ratio} | {g.op.replace('<=', '≤').replace('>=', '≥')} {g.target:g}{unit} | {res} |")
+    return "\n".join(out) + "\n"
+
+
 def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) -> str | None:
     try:
         import matplotlib
@@ -384,7 +401,7 @@ def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, 
     shown = [g for g in goals if g.ratio is not None]
     for i, g in enumerate(shown):
         score = g.ratio / g.target if g.op == "<=" else (g.target / g.ratio if g.ratio else float("inf"))
-        ax.barh(i, min(score, 3.0), color="#2f855a" if g.passed else "#c53030")
+        ax.barh(i, min(max(score, 0.02), 3.0), color="#2f855a" if g.passed else "#c53030")
         unit = "x" if g.reference else ""
         ax.text(min(score, 3.0), i, f" {g.ratio:.2f}{unit} (goal {g.op} {g.target:g}{unit})", va="center",
                 fontsize=7)
@@ -423,7 +440,8 @@ def _meta(mode: str, py: str, bwrap: str | None) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python_bench": sys.version.split()[0],
         "python_programs": py, "python_programs_version": out([py, "-V"]),
         "bwrap": out([bwrap, "--version"]) if bwrap else None, "sandboxrun": sandbox.__version__,
-        "commit": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "commit": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+        + ("+dirty" if out(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]) else ""),
         "argv": sys.argv,
     }
 
@@ -440,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma list of groups to run: latency, cli, throughput, memory (default: all)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="draw the chart here (needs matplotlib)")
+    ap.add_argument("--md", help="write the tables here in Markdown")
     ns = ap.parse_args(argv)
     groups = {"latency", "cli", "throughput", "memory"}
     only = set(ns.only.split(",")) if ns.only else groups
@@ -516,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         doc = {"meta": meta, "cases": [c.to_dict() for c in cases.values()], "goals": [g.to_dict() for g in GOALS]}
         Path(ns.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if ns.md:
+        Path(ns.md).write_text(markdown(cases, GOALS, meta))
     if ns.png:
         note = chart(ns.png, cases, GOALS, meta)
         if note:

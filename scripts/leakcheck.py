@@ -82,11 +82,15 @@ def _run_inprocess(cmd: list[str], runs: int, threads: int, profile: str) -> int
     return 0 if failures == 0 else 1
 
 
-def _settled(before: leaks.Snapshot, skip: tuple[str, ...], settle: float,
-             slack: int) -> tuple[leaks.Snapshot, dict[str, tuple[int, int]]]:
-    """Poll until nothing grew or `settle` seconds passed: teardown may lag a run's return."""
+def _settled(before: leaks.Snapshot, skip: tuple[str, ...], settle: float, slack: int,
+             reap: bool) -> tuple[leaks.Snapshot, dict[str, tuple[int, int]]]:
+    """Poll until nothing grew or `settle` seconds passed: teardown may lag a run's return.
+    As a subreaper, first reap what was re-parented here and died: init would have (live
+    strays are what counts)."""
     deadline = time.monotonic() + settle
     while True:
+        if reap:
+            _reap()
         after = leaks.snapshot()
         grown = {k: v for k, v in leaks.growth(before, after, rss_slack=slack).items() if k not in skip}
         if not grown or time.monotonic() >= deadline:
@@ -126,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         code = _run_command(cmd)
     elapsed = time.monotonic() - started
-    after, grown = _settled(before, skip, ns.settle, RSS_SLACK if inprocess else 0)
-    _reap()
+    after, grown = _settled(before, skip, ns.settle, RSS_SLACK if inprocess else 0, reap=not inprocess)
 
     rows = [(k, v, after.counters()[k]) for k, v in before.counters().items() if k not in skip]
     if ns.json:

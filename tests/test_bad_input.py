@@ -34,11 +34,6 @@ def bug(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(reason=f"BUG: {reason}", strict=False)
 
 
-# The filter's 1 MiB cap (MAX_COMMAND_LEN) runs before the ARG_MAX check, so a command over
-# ARG_MAX (and a valid one between 1 MiB and ARG_MAX) comes back `blocked` (rule too-long, 125).
-OVER_ARG_MAX_BUG = bug("over ARG_MAX is reported as blocked/too-long by the filter, not as an input error")
-
-
 def cli(*args: str | bytes, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
@@ -80,32 +75,23 @@ LIBRARY: list[Any] = [
     ("timeout-nan", ["true"], {"timeout": float("nan")}, "finite"),
     ("timeout-inf", ["true"], {"timeout": float("inf")}, "finite"),
     ("timeout-over-max", ["true"], {"timeout": 1e300}, "max_timeout"),
-    pytest.param("timeout-huge-int", ["true"], {"timeout": 10**400}, "timeout",
-                 marks=bug("parse_duration: float(10**400) raises OverflowError, not a ProfileError")),
-    pytest.param("kill-grace-huge", ["sleep", "5"], {"timeout": 0.1, "kill_grace": 1e300}, "kill_grace",
-                 marks=bug("kill_grace=1e300 is accepted; the supervisor then dies in select() with OverflowError")),
+    ("timeout-huge-int", ["true"], {"timeout": 10**400}, "timeout"),
+    ("kill-grace-huge", ["sleep", "5"], {"timeout": 0.1, "kill_grace": 1e300}, "kill_grace"),
     ("memory-bool", ["true"], {"memory": True}, "boolean"),
     ("memory-negative", ["true"], {"memory": -1}, "negative"),
     ("memory-negative-str", ["true"], {"memory": "-5MiB"}, "memory"),
     ("memory-unit", ["true"], {"memory": "5 parsecs"}, "unit"),
-    pytest.param("memory-huge", ["true"], {"memory": 10**400}, "memory",
-                 marks=bug("overrides skip the profile loader's > 2**62 check: 10**400 reaches the cgroup "
-                           "(the kernel's parser wraps it; the run is OOM-killed)")),
-    pytest.param("processes-huge", ["true"], {"processes": 2**63}, "processes",
-                 marks=bug("overrides skip the > 2**62 check: setup_error at step cgroup (ERANGE)")),
-    pytest.param("file-size-huge", ["true"], {"file_size": 10**30}, "file_size",
-                 marks=bug("overrides skip the > 2**62 check: setup_error at step rlimits (OverflowError)")),
-    pytest.param("cpus-tiny", ["true"], {"cpus": 1e-9}, "cpus",
-                 marks=bug("cpus below 0.01 gives a cgroup quota under 1 ms: setup_error cgroup EINVAL")),
-    pytest.param("tmp-size-zero", ["true"], {"tmp_size": 0}, "tmp_size",
-                 marks=bug("tmp_size = 0 mounts /tmp with size=0, which tmpfs reads as unlimited")),
+    ("memory-huge", ["true"], {"memory": 10**400}, "memory"),
+    ("processes-huge", ["true"], {"processes": 2**63}, "processes"),
+    ("file-size-huge", ["true"], {"file_size": 10**30}, "file_size"),
+    ("cpus-tiny", ["true"], {"cpus": 1e-9}, "cpus"),
+    ("tmp-size-zero", ["true"], {"tmp_size": 0}, "tmp_size"),
     ("processes-zero", ["true"], {"processes": 0}, "positive"),
     ("cpus-negative", ["true"], {"cpus": -1}, "negative"),
     ("cwd-missing", ["true"], {"cwd": "/no/such/dir"}, "no such directory"),
     ("cwd-file", ["true"], {"cwd": "/etc/passwd"}, "not a directory"),
     ("cwd-nul", ["true"], {"cwd": "/tmp\0x"}, "NUL"),
-    pytest.param("cwd-wrong-type", ["true"], {"cwd": 3}, "cwd",
-                 marks=bug("run() calls os.fspath(cwd) before _Workdir validates it: TypeError")),
+    ("cwd-wrong-type", ["true"], {"cwd": 3}, "cwd"),
     ("ro-bind-relative", ["true"], {"ro_bind": "relative/path"}, "absolute"),
     ("ro-bind-dotdot", ["true"], {"ro_bind": "/usr/../etc"}, "'..'"),
     ("ro-bind-dst-relative", ["true"], {"ro_bind": "/usr:usr"}, "absolute"),
@@ -113,8 +99,7 @@ LIBRARY: list[Any] = [
     ("bind-missing", ["true"], {"bind": "/no/such/dir"}, "does not exist"),
     ("bind-nul", ["true"], {"bind": "/tm\0p"}, "NUL"),
     ("network-unknown", ["true"], {"network": "bridge"}, "network"),
-    pytest.param("env-not-mapping", ["true"], {"env": "A=1"}, "env",
-                 marks=bug("build_env calls .items() on it: AttributeError, not InputError")),
+    ("env-not-mapping", ["true"], {"env": "A=1"}, "env"),
     ("env-int-value", ["true"], {"env": {"A": 1}}, "strings"),
     ("env-empty-name", ["true"], {"env": {"": "x"}}, "invalid"),
     ("env-equals-name", ["true"], {"env": {"A=B": "x"}}, "invalid"),
@@ -124,16 +109,14 @@ LIBRARY: list[Any] = [
     ("string-nul", "echo a\0b", {}, "NUL"),
     ("argv-int", ["echo", 3], {}, "command[1]"),
     ("bytes-command", b"ls", {}, "bytes"),
-    pytest.param("none-command", None, {}, "command",
-                 marks=bug("to_argv(None) does list(None): TypeError, not InputError")),
-    pytest.param("int-command", 5, {}, "command",
-                 marks=bug("to_argv(5) does list(5): TypeError, not InputError")),
+    ("none-command", None, {}, "command"),
+    ("int-command", 5, {}, "command"),
     ("empty-list", [], {}, "empty command"),
     ("empty-string", "", {}, "empty command"),
     ("blank-string", "   ", {}, "empty command"),
     ("empty-argv0", [""], {}, "empty command"),
     ("unbalanced-quotes", "echo 'oops", {}, "cannot split"),
-    pytest.param("over-arg-max", ["true", BIG], {}, "ARG_MAX", marks=OVER_ARG_MAX_BUG),
+    ("over-arg-max", ["true", BIG], {}, "ARG_MAX"),
     ("over-arg-max-no-filter", ["true", BIG], {"profile": NO_FILTER}, "ARG_MAX"),
     ("env-over-arg-max", ["true"], {"env": {"BIG": BIG}}, "ARG_MAX"),
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
@@ -190,8 +173,7 @@ CLI_ROWS: list[Any] = [
     ("timeout-negative", ["--timeout", "-3", "--", "true"], "negative"),
     ("timeout-over-max", ["--timeout", "9" * 400, "--", "true"], "timeout"),
     ("memory-words", ["--memory", "lots", "--", "true"], "memory"),
-    pytest.param("memory-huge", ["--memory", "99999999999TiB", "--", "true"], "memory",
-                 marks=bug("--memory skips the > 2**62 check of profile files")),
+    ("memory-huge", ["--memory", "99999999999TiB", "--", "true"], "memory"),
     ("cwd-missing", ["--cwd", "/no/such/dir", "--", "true"], "no such directory"),
     ("cwd-file", ["--cwd", "/etc/passwd", "--", "true"], "not a directory"),
     ("env-no-equals", ["--env", "NOEQUALS", "--", "true"], "NAME=VALUE"),
@@ -205,7 +187,6 @@ CLI_ROWS: list[Any] = [
     ("no-command", ["--"], "no command"),
     ("nothing", [], "no command"),
     ("empty-command", ["--", ""], "empty command"),
-    ("shell-unbalanced", ["--shell", "--", "echo 'oops"], ""),
     ("profiles-show-unknown", ["profiles", "show", "nonesuch"], "unknown profile"),
     ("check-unknown-profile", ["check", "--profile", "nonesuch", "--", "ls"], "unknown profile"),
     ("batch-missing-file", ["batch", "/no/such/file.jsonl"], "/no/such/file.jsonl"),
@@ -264,14 +245,11 @@ PROFILE_ROWS: list[Any] = [
     ("memory-huge", "[limits]\nmemory = \"99999999TiB\"", "too large"),
     ("timeout-negative", "[limits]\ntimeout = -1", "negative"),
     ("timeout-zero", "[limits]\ntimeout = 0", "allow_no_timeout"),
-    pytest.param("timeout-huge", "[limits]\ntimeout = 99999999999999999999999", "limits.timeout",
-                 marks=bug("a 10**22 s timeout is accepted; select() then raises OverflowError "
-                           "(CLI: 'internal error', exit 125)")),
+    ("timeout-huge", "[limits]\ntimeout = 99999999999999999999999", "limits.timeout"),
     ("processes-negative", "[limits]\nprocesses = -5", "positive"),
     ("processes-string", "[limits]\nprocesses = \"many\"", "limits.processes"),
     ("output-unlimited", "[limits]\noutput = \"unlimited\"", "unlimited"),
-    pytest.param("tmp-size-zero", "[limits]\ntmp_size = 0", "limits.tmp_size",
-                 marks=bug("tmp_size = 0 is accepted and mounts an unlimited /tmp")),
+    ("tmp-size-zero", "[limits]\ntmp_size = 0", "limits.tmp_size"),
     ("workdir-relative", "[filesystem]\nworkdir = \"work\"", "absolute"),
     ("view-unknown", "[filesystem]\nview = \"shared\"", "filesystem.view"),
     ("ro-bind-relative", "[filesystem]\nro_bind = [\"usr\"]", "absolute"),
@@ -322,18 +300,6 @@ def test_profile_file_rejected_by_loader_and_cli(tmp_path: Path, text: str | byt
     assert_clean_error(r.stderr, needle)
 
 
-def test_profile_file_unreadable(tmp_path: Path) -> None:
-    from sandbox.profile import load
-
-    path = tmp_path / "p.toml"
-    path.write_text("name = 'x'\n")
-    path.chmod(0)
-    if os.geteuid() == 0:
-        pytest.skip("root reads any file")
-    with pytest.raises(ProfileError, match="cannot read"):
-        load(str(path))
-
-
 # ----------------------------------------------------------------------------- payloads
 
 
@@ -370,7 +336,7 @@ PAYLOAD_ROWS: list[Any] = [
     ("cwd-missing", _payload({"command": "ls", "cwd": "/no/such/dir"}), "cwd"),
     ("cwd-file", _payload({"command": "ls", "cwd": "/etc/passwd"}), "cwd"),
     ("cwd-system-tree", _payload({"command": "ls", "cwd": "/etc"}), "cwd"),
-    pytest.param("over-arg-max", _payload({"command": BIG}), "command", marks=OVER_ARG_MAX_BUG),
+    ("over-arg-max", _payload({"command": BIG}), "command"),
     ("shelltype-foreign", _payload({"command": "dir", "shelltype": "windowsbat"}), "shelltype"),
     ("unsplittable", _payload({"command": "echo 'oops", "shell": "false"}), "command"),
     ("script-missing", _payload({"scriptPath": "/no/such.py"}, action="run_code_script"), "scriptPath"),
@@ -414,15 +380,13 @@ BATCH_ROWS: list[Any] = [
     ("command-nul", b'{"command": ["echo", "a\\u0000b"]}', "NUL"),
     ("empty-command", b'{"command": ""}', "empty command"),
     ("argv-int", b'{"command": ["echo", 1]}', "command[1]"),
-    pytest.param("command-int", b'{"command": 5}', "command", marks=bug("to_argv(5): TypeError, reported as "
-                                                                        "'internal error'")),
+    ("command-int", b'{"command": 5}', "command"),
     ("timeout-negative", b'{"command": "true", "timeout": -1}', "negative"),
     ("unknown-profile", b'{"command": "true", "profile": "nonesuch"}', "unknown profile"),
     ("cwd-missing", b'{"command": "true", "cwd": "/no/such/dir"}', "no such directory"),
     ("env-int", b'{"command": "true", "env": {"A": 1}}', "env"),
     ("ro-bind-relative", b'{"command": "true", "ro_bind": "rel"}', "absolute"),
-    pytest.param("over-arg-max", json.dumps({"command": ["true", BIG]}).encode(), "ARG_MAX",
-                 marks=OVER_ARG_MAX_BUG),
+    ("over-arg-max", json.dumps({"command": ["true", BIG]}).encode(), "ARG_MAX"),
     pytest.param("deeply-nested", b"[" * 100_000, "JSON",
                  marks=bug("json.loads raises RecursionError in batch.read_jsonl: the whole batch dies "
                            "instead of one invalid_request line")),

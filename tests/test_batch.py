@@ -85,18 +85,20 @@ def test_bad_requests_become_errors_and_the_batch_goes_on(isolated) -> None:
         {"command": ["echo"], "memory": "lots"},
         {"command": ["echo"], "stdin_fd": 0},  # callers' fds are not a request key
         "not a request",
+        {"command": ["echo"], "env": ["X=1"]},
         {"command": ["echo", "ok2"]},
     ]
     out = list(run_many(reqs, concurrency=2))
-    assert [type(r) for r in out] == [BatchResult, *[BatchError] * 5, BatchResult]
+    assert [type(r) for r in out] == [BatchResult, *[BatchError] * 6, BatchResult]
     assert out[0].stdout == "ok1\n" and out[-1].stdout == "ok2\n"
-    errs = out[1:6]
-    assert [e.id for e in errs] == ["x", 3, 4, 5, 6]
+    errs = out[1:7]
+    assert [e.id for e in errs] == ["x", 3, 4, 5, 6, 7]
     assert "unknown key 'bogus'" in errs[0].error
     assert "missing key 'command'" in errs[1].error
     assert "memory" in errs[2].error
     assert "unknown key 'stdin_fd'" in errs[3].error
     assert "expected a JSON object or BatchRequest" in errs[4].error
+    assert "env: expected an object" in errs[5].error
     assert all(not e.success and e.status == "invalid_request" for e in errs)
     assert errs[0].to_dict() == {"id": "x", "line": 2, "status": "invalid_request", "success": False,
                                  "error": errs[0].error}
@@ -140,7 +142,7 @@ def test_many_threads_with_stdin_all_finish(isolated) -> None:
     # second close hit another run's freshly opened fd (its pidfd), which then waited
     # forever. In a subprocess, so that a hang fails the test instead of the suite.
     try:
-        p = subprocess.run([sys.executable, "-c", _STRESS, str(ROOT)], capture_output=True, text=True, timeout=180)
+        p = subprocess.run([sys.executable, "-c", _STRESS, str(ROOT)], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("run_many hung: some run never finished (fd closed twice in a threaded caller?)")
     assert p.returncode == 0 and p.stdout.strip() == "done []", p.stdout + p.stderr[-2000:]

@@ -41,13 +41,6 @@ def bug(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(reason=f"BUG: {reason}", strict=False)
 
 
-# killing the CLI or the fork server does not kill the sandbox: set_pdeathsig(SIGKILL) runs in
-# the child's "pdeathsig" step, and the kernel clears the parent-death signal when the
-# "identity" step changes the uid (prctl(2)); the init, re-parented to the host's init, runs on
-# without a supervisor and without a deadline until the next start-up sweep kills its cgroup.
-PDEATHSIG_BUG = bug("parent-death signal is cleared by the uid change in the identity step")
-
-
 def wait_until(pred: Callable[[], Any], timeout: float, step: float = 0.01) -> Any:
     """Poll `pred` until it is truthy or `timeout` passes; its last value."""
     deadline = time.monotonic() + timeout
@@ -160,7 +153,7 @@ def killed_caller(via: str, mark: str, tmpdir: Path) -> Iterator[subprocess.Pope
         assert_gone_within(mark, 2.0, "the start-up sweep")
 
 
-@pytest.mark.parametrize("via", ["library", pytest.param("cli", marks=PDEATHSIG_BUG)])
+@pytest.mark.parametrize("via", ["library", "cli"])
 def test_caller_sigkilled_mid_run_kills_the_sandbox_within_1s(no_leftovers, via: str, tmp_path: Path) -> None:
     mark = marker()
     with killed_caller(via, mark, tmp_path) as p:
@@ -190,7 +183,6 @@ def test_killed_callers_workdir_is_swept_at_the_next_start(no_leftovers, via: st
             shutil.rmtree(d)
 
 
-@PDEATHSIG_BUG
 def test_fork_server_sigkilled_mid_run_kills_the_sandbox(no_leftovers) -> None:
     mark = marker()
     box: dict[str, Any] = {}

@@ -2,9 +2,8 @@
 the batch reader and the output cap either succeed with their invariants intact or
 fail with their own named error; the filter neither crashes nor hangs.
 
-Known bugs are pinned by xfail tests below rather than excluded silently; the
-strategies stay inside the ranges those bugs do not touch, so that any other
-crash shows up here.
+Known bugs are pinned by xfail tests rather than excluded silently; the strategies
+stay clear of only those inputs, so that any other crash shows up here.
 """
 
 from __future__ import annotations
@@ -122,8 +121,8 @@ def test_capture_large_stream_through_a_pipe() -> None:
 
 _any_scalar = st.one_of(
     st.none(), st.booleans(),
-    st.integers(min_value=-(2**64), max_value=2**64),
-    st.floats(allow_nan=True, allow_infinity=True, width=64).filter(lambda f: abs(f) < 1e15 or f != f),
+    st.integers(), st.integers(min_value=2**60, max_value=2**70), st.sampled_from([10**400, -(10**400)]),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
     st.text(max_size=20),
     st.sampled_from(["30s", "1m", "500ms", "512MiB", "4GiB", "0", "unlimited", "none", "-1", "1e3", "10 KB",
                      "/usr", "/no/such", "relative", "/a/../b", "strict", "optional", "required", "off",
@@ -181,7 +180,7 @@ _override_keys = st.sampled_from(["timeout", "kill_grace", "cpu_time", "memory",
 @FAST
 @given(st.dictionaries(_override_keys, _values, max_size=4))
 def test_with_overrides_returns_a_profile_or_a_profile_error(overrides: dict[str, Any]) -> None:
-    # Bounded to |x| < 2**64 and finite-ish floats, binds as str or list: the rest is pinned below as bugs.
+    # Binds as str or list: other types are a known bug, pinned below.
     for key in ("ro_bind", "bind"):
         v = overrides.get(key)
         assume(v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)))
@@ -194,13 +193,8 @@ def test_with_overrides_returns_a_profile_or_a_profile_error(overrides: dict[str
 
 
 @pytest.mark.parametrize("key, value", [
-    pytest.param("timeout", 10**400, marks=bug("OverflowError from float(int) in parse_duration")),
-    pytest.param("kill_grace", 1e300, marks=bug("accepted; select() overflows when the grace starts")),
-    pytest.param("memory", 2**63, marks=bug("overrides skip the > 2**62 bound of profile files")),
-    pytest.param("processes", 2**63, marks=bug("overrides skip the > 2**62 bound of profile files")),
-    pytest.param("file_size", 2**63, marks=bug("overrides skip the > 2**62 bound of profile files")),
-    pytest.param("cpu_time", 1e300, marks=bug("accepted; setrlimit(RLIMIT_CPU) overflows in the child")),
-    pytest.param("tmp_size", 0, marks=bug("size=0 makes the /tmp tmpfs unlimited")),
+    ("timeout", 10**400), ("kill_grace", 1e300), ("memory", 2**63), ("processes", 2**63), ("file_size", 2**63),
+    ("cpu_time", 1e300), ("tmp_size", 0),
     pytest.param("ro_bind", False, marks=bug("list(False): TypeError, not a ProfileError")),
 ])
 def test_out_of_range_override_is_a_profile_error(key: str, value: Any) -> None:
@@ -321,12 +315,8 @@ def test_batch_request_validation_never_crashes(obj: dict[str, Any]) -> None:
         for key in ("ro_bind", "bind"):  # a bool or number here is a known bug (pinned above)
             assume(not isinstance(over.get(key), (bool, int, float, dict)))
         with_overrides(prof, timeout=kw.get("timeout"), **over)
-        command = kw["command"]
-        assume(isinstance(command, (str, list)))  # other types: known bug, see test_bad_input.py
-        to_argv(command, bool(kw.get("shell")))
-        env = kw.get("env")
-        assume(env is None or isinstance(env, dict))  # a non-mapping env: known bug
-        build_env(prof, env)
+        to_argv(kw["command"], bool(kw.get("shell")))
+        build_env(prof, kw.get("env"))
     except (InputError, ProfileError):
         pass
 

@@ -95,7 +95,9 @@ def plan(n: int, heavy_every: int) -> list[Kind]:
 def run_one(kind: Kind, mark: str) -> tuple[str, bool, str]:
     command, kw = kind.make(mark)
     r = sandbox.run(command, **kw)
-    return kind.name, kind.expect(r), f"{r.status} {r.error_step or ''} {r.error or ''}"
+    detail = (f"status={r.status} exit={r.exit_code} signal={r.signal} step={r.error_step} error={r.error!r} "
+              f"oom_kills={r.usage.oom_kills} wall={r.usage.wall_s:.2f}s out={r.stdout_bytes}/{r.stderr_bytes}")
+    return kind.name, kind.expect(r), detail
 
 
 @pytest.fixture
