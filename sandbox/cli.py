@@ -9,14 +9,16 @@ traceback (`--debug` shows one).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
 
 from .errors import EXIT_SANDBOX, EXIT_USAGE, SandboxError
+
+TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -186,6 +188,8 @@ def cmd_check(argv: list[str]) -> int:
     text = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
     v = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
     if ns.json:
+        import json
+
         print(json.dumps({"allowed": v.allowed, "rule": v.rule, "reason": v.reason}))
     else:
         print("allowed" if v.allowed else f"blocked: {v.reason}")
@@ -203,6 +207,8 @@ def cmd_profiles(argv: list[str]) -> int:
     if ns.action == "show":
         if not ns.name:
             p.error("profiles show NAME")
+        import json
+
         prof = load(ns.name)
         print(json.dumps(prof.to_dict(), indent=2))
         return 0
@@ -211,6 +217,8 @@ def cmd_profiles(argv: list[str]) -> int:
         prof = load(name)
         rows.append({"name": name, "description": " ".join(prof.description.split())})
     if ns.json:
+        import json
+
         print(json.dumps(rows, indent=2))
     else:
         for r in rows:

@@ -21,11 +21,9 @@ caller, which is what lets it create the other namespaces.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -223,6 +221,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _send_msg(sock: socket.socket, obj: object, fds: list[int]) -> None:
+    import pickle
+
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     socket.send_fds(sock, [_HDR.pack(len(payload))], fds)
     sock.sendall(payload)
@@ -235,6 +235,8 @@ def _recv_msg(sock: socket.socket, maxfds: int) -> tuple[object, list[int]]:
     if len(hdr) < _HDR.size:
         hdr += _recv_exact(sock, _HDR.size - len(hdr))
     (n,) = _HDR.unpack(hdr)
+    import pickle
+
     return pickle.loads(_recv_exact(sock, n)), fds
 
 
@@ -302,10 +304,11 @@ class ServerForker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None  # noqa: F821 - a string annotation
         self._owner = 0
 
     def _start(self) -> socket.socket:
+        import subprocess
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = f"import sys; sys.path.insert(0, {pkg_parent!r}); from sandbox.forkserver import main; main()"
@@ -360,6 +363,8 @@ class ServerForker:
                 self._sock.close()
                 self._sock = None
             if self._proc is not None:
+                import subprocess
+
                 try:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:

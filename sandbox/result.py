@@ -8,9 +8,11 @@ that was actually applied.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
+if TYPE_CHECKING:
+    from typing import Any
 
 # Why a run ended. "ok" and "nonzero_exit" are the command's own doing.
 STATUSES = (
@@ -93,6 +95,8 @@ class Result:
         return d
 
     def to_json(self, **kw: Any) -> str:
+        import json
+
         return json.dumps(self.to_dict(), **kw)
 
     @classmethod
