@@ -211,12 +211,28 @@ def _rules() -> _RuleSet:
     return _RuleSet(rules, re.compile(_CMD_TRIGGER))
 
 
+# A group that repeats something repeatable, like (a+)+ or (x{2,})*: exponential backtracking on
+# an untrusted command. A heuristic (it does not see (a|aa)*), applied to every extra pattern.
+_NESTED_QUANTIFIER = r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]"
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a block pattern is refused (invalid, or can backtrack catastrophically), or None."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError, ValueError, OverflowError, RecursionError) as e:
+        return f"invalid regular expression: {e}"
+    if re.search(_NESTED_QUANTIFIER, pattern):
+        return "nested quantifier (like (a+)+) can backtrack for ever on a hostile command: rewrite it"
+    return None
+
+
 @functools.lru_cache(maxsize=256)
 def _compile_extra(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except (re.error, TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise ValueError(f"invalid extra_block pattern {pattern!r}: {e}") from None
+    problem = pattern_problem(pattern)
+    if problem:
+        raise ValueError(f"invalid extra_block pattern {pattern!r}: {problem}")
+    return re.compile(pattern)
 
 
 # --------------------------------------------------------------------------- lexer

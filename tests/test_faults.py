@@ -166,8 +166,6 @@ def test_caller_sigkilled_mid_run_kills_the_sandbox_within_1s(no_leftovers, via:
         shutil.rmtree(d)
 
 
-@bug("a SIGKILLed caller's fresh workdir (/tmp/sandboxrun-XXXXXXXX) stays forever: nothing sweeps temp dirs "
-     "of dead supervisors (name them sandboxrun-<pid>-... and sweep them at start-up, like cgroups)")
 @pytest.mark.parametrize("via", ["library"])
 def test_killed_callers_workdir_is_swept_at_the_next_start(no_leftovers, via: str, tmp_path: Path) -> None:
     mark = marker()
@@ -208,8 +206,6 @@ def test_fork_server_sigkilled_mid_run_kills_the_sandbox(no_leftovers) -> None:
             sandbox.run(["/bin/true"])
 
 
-@bug("after the fork server dies, the next run is a setup_error 'the fork server went away' instead of "
-     "starting a new server and retrying (nothing had been started)")
 def test_runner_recovers_after_the_fork_server_dies(no_leftovers) -> None:
     server = leaks.forkserver_pids()
     assert server
@@ -336,8 +332,6 @@ def _fresh_workdir(base: Path) -> Path:
     return found[0]
 
 
-@bug("_Workdir.cleanup's onerror chmods dirname(path) to 0700 when the fresh workdir is already gone: "
-     "that is /tmp itself (shutil.rmtree calls onerror(os.lstat, path) for a missing top directory)")
 def test_fresh_workdir_removed_mid_run_is_tolerated(no_leftovers, private_tmp: Path) -> None:
     r = sandbox.run(["sh", "-c", WRITE_AFTER],
                     on_stdout=_on_ready(lambda: shutil.rmtree(_fresh_workdir(private_tmp))))

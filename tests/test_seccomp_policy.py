@@ -515,9 +515,11 @@ def test_foreign_owned_cache_is_ignored(tmp_path: Path) -> None:
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    from sandbox.isolation import cgroups
+
+    monkeypatch.setattr(cgroups, "caller_uid", lambda: 0)
     assert seccomp.default_cache_dir() == "/var/cache/sandboxrun"
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cgroups, "caller_uid", lambda: 1000)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert seccomp.default_cache_dir() == str(tmp_path / "sandboxrun")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
