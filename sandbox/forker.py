@@ -200,6 +200,13 @@ class Launched:
 
 
 class DirectForker(_ForkSide):
+    def __init__(self) -> None:
+        super().__init__()
+        import gc
+
+        gc.disable()  # a one-shot CLI: no collection may copy pages around the fork
+        gc.freeze()
+
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         pid = self.fork_child(plan, fds)
         return Launched(pid, os.pidfd_open(pid), True)
@@ -244,6 +251,10 @@ def serve(fd: int) -> None:
     """The fork server's loop: one request, one fork, one reply; reap children."""
     sock = socket.socket(fileno=fd)
     side = _ForkSide(own_pid_namespace=True)
+    import gc
+
+    gc.disable()  # children fork from us: a collection would touch (and copy) every page
+    gc.freeze()
     if os.environ.get("SANDBOXRUN_NO_TEMPLATE") != "1":
         side.templates = {}
     children: set[int] = set()
@@ -259,7 +270,12 @@ def serve(fd: int) -> None:
             children.discard(pid)
 
     signal.signal(signal.SIGCHLD, reap)
+    served = 0
     while True:
+        served += 1
+        if served % 512 == 0:  # the rare cyclic garbage of requests, collected between forks
+            gc.collect()
+            gc.freeze()
         try:
             msg, fds = _recv_msg(sock, 16)
         except (EOFError, ConnectionError, OSError):
