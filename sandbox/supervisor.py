@@ -393,7 +393,8 @@ def execute(req: Request) -> Result:
     if prof.cgroup != "off":
         try:
             backend = cgroups.detect()
-            cg = backend.create(cgroups.CgroupLimits(prof.limits.memory, prof.limits.processes, prof.limits.cpus))
+            cg = backend.create(cgroups.CgroupLimits(prof.limits.memory, prof.limits.processes, prof.limits.cpus,
+                                                     freezer="pid" not in prof.namespaces))
         except OSError as e:
             cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
             if prof.cgroup == "required":

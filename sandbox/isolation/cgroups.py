@@ -41,6 +41,8 @@ class CgroupLimits:
     memory: int | None
     processes: int | None
     cpus: float | None
+    # v1 freezer: only needed to kill processes that are not all in one pid namespace
+    freezer: bool = True
 
 
 @dataclass
@@ -240,7 +242,8 @@ class V1Backend(Backend):
         name = _name()
         dirs: list[str] = []
         try:
-            for base in dict.fromkeys(self.mounts.values()):
+            wanted = {c: p for c, p in self.mounts.items() if c != "freezer" or limits.freezer}
+            for base in dict.fromkeys(wanted.values()):
                 d = os.path.join(base, name)
                 os.mkdir(d, 0o755)
                 dirs.append(d)
