@@ -242,3 +242,19 @@ def test_runner_binary_unreachable_through_proc(tmp_path) -> None:
     for cwd in (None, tmp_path):  # the per-run uid, and uid 0 for a root-owned workdir
         r = sandbox.run(py(code), cwd=cwd)
         assert r.stdout.count(" 13") == 3 and "open" not in r.stdout, (cwd, r.stdout, r.stderr)
+
+
+def test_template_and_full_build_give_the_same_view() -> None:
+    """The fork server copies a prepared mount namespace; the CLI builds the view in full."""
+    if os.geteuid() != 0:
+        pytest.skip("templates are used by root's fork server only")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    show = "cut -d' ' -f5,6 /proc/self/mountinfo | sort; stat -c '%A %U %G %n' / /* /etc/* /dev/* | sort"
+    via_template = sandbox.run(["sh", "-c", show]).stdout
+    root = Path(__file__).resolve().parent.parent
+    via_cli = subprocess.run([sys.executable, "-m", "sandbox", "--", "sh", "-c", show], capture_output=True,
+                             text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root))).stdout
+    assert via_template and via_template == via_cli
