@@ -311,7 +311,7 @@ def _layer_rows(res: dict[str, dict[str, Any]], facts: dict[str, Any], cg: dict[
            "filesystem:mount:tmp", "filesystem:mount:dev", "filesystem:mount:etc"))
     layer("/proc", "mount", "fresh procfs, knobs read-only", ("filesystem:mount:proc",))
     layer("pivot_root", "mount", "old root detached, / read-only", ("filesystem:pivot_root", "filesystem:mount:root-readonly"))
-    layer("seccomp", "seccomp", "default allowlist (EPERM), foreign ABIs killed", ("seccomp",))
+    layer("seccomp", "seccomp", "default policy: the kernel surface denied with EPERM, foreign ABIs killed", ("seccomp",))
     lr = res["landlock"]
     if not failed(lr):
         abi = lr["isolation"].landlock_abi or _landlock_abi()
