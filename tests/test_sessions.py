@@ -11,12 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import marker
 
 import sandbox
-from sandbox import sessions
+from sandbox import leaks, sessions
 from sandbox.errors import InputError, ProfileError, SandboxError
 
 ROOT = Path(sandbox.__file__).resolve().parent.parent
@@ -54,17 +53,6 @@ def until(cond: Callable[[], object], timeout: float = 10.0, what: str = "condit
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def alive_with(mark: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(mark in part for part in (p.info["cmdline"] or [])):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
 
 
 def gone(pid: int | None) -> bool:
@@ -133,12 +121,12 @@ def test_kill_stops_the_whole_sandbox(contained) -> None:
     s = sandbox.start(["bash", "-c", f"setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' & "
                                    f"trap '' TERM; echo up; exec -a {mark}b sleep 1000"])
     output_until(s, "up")
-    until(lambda: len(alive_with(mark)) == 2, what="both sleepers")
+    until(lambda: len(leaks.marked(mark)) == 2, what="both sleepers")
     monitor = s.meta["monitor_pid"]
     res = s.kill(grace=0.3)
     assert res is not None and res.status == "signaled" and res.error.startswith("killed on request"), res
     assert json.loads(Path(s.dir, "result.json").read_text())["killed"] is True
-    assert alive_with(mark) == [] and gone(s.pid)
+    assert leaks.marked(mark) == [] and gone(s.pid)
     until(lambda: gone(monitor), what="the monitor to exit")
     assert s.kill() is not None  # killing an ended session is a no-op answer
 
@@ -150,17 +138,17 @@ def test_sigterm_to_the_monitor_ends_the_run_in_order(contained) -> None:
     os.kill(s.meta["monitor_pid"], signal.SIGTERM)
     res = s.wait(20)
     assert res is not None and res.status == "signaled" and res.error.startswith("killed on request"), res
-    assert alive_with(mark) == []
+    assert leaks.marked(mark) == []
 
 
 def test_killed_monitor_takes_the_sandbox_and_reads_lost(contained) -> None:
     mark = marker()
     s = sandbox.start(["bash", "-c", f"echo logged; exec -a {mark} sleep 1000"], name="victim")
     output_until(s, "logged")
-    until(lambda: alive_with(mark), what="the sandboxed sleeper")
+    until(lambda: leaks.marked(mark), what="the sandboxed sleeper")
     monitor = s.meta["monitor_pid"]
     os.kill(monitor, signal.SIGKILL)
-    until(lambda: not alive_with(mark), timeout=5, what="the sandbox to die with its monitor")
+    until(lambda: not leaks.marked(mark), timeout=5, what="the sandbox to die with its monitor")
     until(lambda: gone(monitor) and gone(s.pid), timeout=5, what="monitor and init to be gone")
     assert s.state == "lost"
     res = s.wait(5)
@@ -355,7 +343,7 @@ def test_cli_server_found_again_from_fresh_processes(contained) -> None:
     assert json.loads(r.stdout)["ended"] is False
     r = cli("kill", "web")
     assert r.returncode == 0 and b"ended: signaled" in r.stderr, r.stderr
-    assert alive_with(mark) == []
+    assert leaks.marked(mark) == []
     assert json.loads(cli("poll", "web", "--json").stdout)["ended"] is True
     r = cli("wait", "web", "--json")
     assert r.returncode == 128 + 15 and json.loads(r.stdout)["signal"] == "SIGTERM"

@@ -12,17 +12,7 @@ import pytest
 from conftest import marker, py
 
 import sandbox
-
-
-def _alive_with(mark: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(mark in part for part in (p.info["cmdline"] or [])):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+from sandbox import leaks
 
 
 def test_ok_and_nonzero(isolated) -> None:
@@ -55,7 +45,7 @@ def test_timeout_kills_everything_including_setsid_daemons(contained) -> None:
     assert r.status == "timeout" and r.timed_out and r.exit_code == -1, r
     assert int(r.stdout.split()[0]) >= 1, r.stdout  # the daemon really ran (the test is not vacuous)
     assert time.monotonic() - t0 < 6
-    assert _alive_with(mark) == []
+    assert leaks.marked(mark) == []
 
 
 def test_daemon_dies_when_main_command_exits(contained) -> None:
@@ -63,7 +53,7 @@ def test_daemon_dies_when_main_command_exits(contained) -> None:
     r = sandbox.run(["bash", "-c", f"setsid bash -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 & "
                                    f"sleep 0.3; grep -l {mark} /proc/[0-9]*/cmdline | wc -l"])
     assert r.status == "ok" and int(r.stdout) >= 1, r  # it was running when the main command ended
-    assert _alive_with(mark) == []
+    assert leaks.marked(mark) == []
 
 
 def test_memory_bomb_is_memory_limit(contained) -> None:
