@@ -48,7 +48,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", "-p", default="strict", help="built-in profile name or a TOML file (default: strict)")
     p.add_argument("--timeout", "-t", help="wall timeout, e.g. 30, 30s, 2m (0 = none, if the profile allows)")
     p.add_argument("--memory", help="memory limit, e.g. 256MiB")
-    p.add_argument("--cwd", help="workdir to mount read-write (default: a fresh empty directory)")
+    p.add_argument("--cwd", help="workdir to mount read-write (default: a fresh, size-capped, empty tmpfs)")
     p.add_argument("--env", "-e", action="append", metavar="K=V", help="set a variable inside (repeatable)")
     p.add_argument("--ro-bind", action="append", metavar="SRC[:DST]", help="bind a host path read-only")
     p.add_argument("--bind", action="append", metavar="SRC[:DST]", help="bind a host path read-write")

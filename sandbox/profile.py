@@ -34,6 +34,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "memory": "size", "address_space": "size", "processes": "count", "file_size": "size",
         "open_files": "count", "cpus": "float", "output": "size", "tmp_size": "size",
         "shm_size": "size", "log_size": "size", "allow_no_timeout": "bool", "max_timeout": "duration",
+        "workdir_size": "size",
     },
     "filesystem": {
         "view": "str", "ro_bind": "binds", "ro_bind_try": "binds", "bind": "binds", "workdir": "str",
@@ -70,6 +71,7 @@ class Limits:
     cpus: float | None = 1.0  # cgroup CPU quota in cores
     output: int = 2**20  # per stream
     tmp_size: int = 64 * 2**20
+    workdir_size: int = 256 * 2**20  # the fresh workdir (a tmpfs) when no cwd is given
     shm_size: int = 16 * 2**20
     log_size: int = 8 * 2**20  # background session logs
     allow_no_timeout: bool = False
@@ -102,7 +104,8 @@ class Profile:
         d = dataclasses.asdict(self)
         d["env"] = dict(self.env)
         lim = d["limits"]
-        for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size"):
+        for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size",
+                  "workdir_size"):
             lim[k] = format_size(lim[k])
         return d
 
@@ -343,7 +346,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
 
     lim = values.get("limits", {})
     limits = Limits(**{k: v for k, v in lim.items()})
-    for key in ("output", "tmp_size", "shm_size", "log_size"):
+    for key in ("output", "tmp_size", "shm_size", "log_size", "workdir_size"):
         if getattr(limits, key) is None:
             raise ProfileError("cannot be unlimited", source=source, key=f"limits.{key}")
     if limits.timeout is None or limits.timeout == 0:
@@ -417,7 +420,7 @@ def check_pattern(pattern: str, err: Any) -> None:
         raise err(problem)
 
 
-_MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "shm_size": 64 * 2**10, "address_space": 16 * 2**20,
+_MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "workdir_size": 64 * 2**10, "shm_size": 64 * 2**10, "address_space": 16 * 2**20,
              "file_size": 1, "log_size": 4096}
 
 
@@ -437,7 +440,7 @@ def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
 _LIMIT_OVERRIDES = {
     "timeout": "duration", "kill_grace": "duration", "cpu_time": "duration", "memory": "size",
     "address_space": "size", "processes": "count", "file_size": "size", "open_files": "count",
-    "cpus": "float", "output": "size", "tmp_size": "size",
+    "cpus": "float", "output": "size", "tmp_size": "size", "workdir_size": "size",
 }
 
 

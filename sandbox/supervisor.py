@@ -191,9 +191,13 @@ def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: s
 class _Workdir:
     """The run's workdir on the host: the caller's, or a fresh one removed afterwards."""
 
-    def __init__(self, cwd: str | None, owner: tuple[int, int] | None) -> None:
+    def __init__(self, cwd: str | None, owner: tuple[int, int] | None, *, in_memory: bool = False) -> None:
         self.fresh = cwd is None
-        if cwd is None:
+        if cwd is None and in_memory:
+            # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
+            # nothing of the run ever touches the host's disk.
+            self.path = ""
+        elif cwd is None:
             _sweep_stale_workdirs()
             # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
             self.path = _mkdtemp()
@@ -213,7 +217,7 @@ class _Workdir:
             self.path = path
 
     def cleanup(self) -> None:
-        if self.fresh:
+        if self.fresh and self.path:
             remove_tree(self.path)
 
 
@@ -309,12 +313,15 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         if ns in ("pid",) or (ns == "net" and prof.network != "none") or (ns == "mount" and prof.view != "private"):
             continue
         flags |= NAMESPACE_FLAGS[ns]
-    inside = work.path if prof.workdir == "same" else prof.workdir
+    inside = work.path if prof.workdir == "same" and work.path else (
+        "/work" if prof.workdir == "same" else prof.workdir)
     view = None
     if prof.view == "private":
         name = "root" if uid == 0 else "sandbox"
         view = ViewSpec(
             binds=view_binds(prof.mounts), workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
+            workdir_size=lim.workdir_size, workdir_owner=None if _rootless() else (uid, gid),
+            workdir_fixed=prof.workdir != "same" or not work.path,
             shm_size=lim.shm_size, hostname=prof.hostname,
             passwd=f"{name}:x:{uid}:{gid}:sandbox:{inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
@@ -403,9 +410,9 @@ def execute(req: Request) -> Result:
     lease = None
     opened: list[int] = []
     try:
-        work = _Workdir(req.cwd, None)
+        work = _Workdir(req.cwd, None, in_memory=prof.view == "private")
         uid, gid, host_uid, lease = _identity(req.cwd, work)
-        if work.fresh and not _rootless():
+        if work.fresh and work.path and not _rootless():
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
         out_r, out_w = _pipe(1 << 20)

@@ -160,3 +160,10 @@ def test_result_json_matches_schema_fields(isolated) -> None:
     d = sandbox.run(["true"]).to_dict()
     assert set(schema["required"]) <= set(d)
     assert set(d) <= set(schema["properties"])
+
+
+def test_filling_the_fresh_workdir_hits_enospc_not_the_host_disk(isolated) -> None:
+    # Bounded (at most 7 x 50 MB) even if the workdir were on the host's disk.
+    r = sandbox.run(["sh", "-c", "i=0; while [ $i -lt 7 ] && head -c 50000000 /dev/zero > f$i; do i=$((i+1)); done;"
+                                 " echo $i"], workdir_size="128MiB", timeout=20)
+    assert r.stdout.strip() == "2" and "No space left on device" in r.stderr, (r.stdout, r.stderr)

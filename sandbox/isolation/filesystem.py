@@ -62,13 +62,16 @@ class BindSpec:
 @dataclass(frozen=True)
 class ViewSpec:
     binds: tuple[BindSpec, ...]
-    workdir_host: str
+    workdir_host: str  # "" for a fresh workdir: a size-capped tmpfs, nothing on the host disk
     workdir: str  # inside
     tmp_size: int
     shm_size: int
     hostname: str
     passwd: str  # synthetic /etc/passwd and /etc/group lines
     group: str
+    workdir_size: int = 256 * 2**20  # the fresh tmpfs workdir's size
+    workdir_owner: tuple[int, int] | None = None  # its uid/gid (None: the mounting user)
+    workdir_fixed: bool = True  # the same path for every run (not the profile's "same" as the host)
 
 
 def _opened(path: str) -> int:
@@ -134,7 +137,7 @@ def _static_part(root: str, spec: ViewSpec, opened: list[tuple[int | str, BindSp
     mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
     for d in ("etc", "proc", "dev", "tmp", "run"):
         os.mkdir(f"{root}/{d}", 0o755)
-    if spec.workdir != "same":
+    if spec.workdir_fixed:
         _mkpoint(root + spec.workdir, True)
 
     step[0] = "mount:binds"
@@ -187,6 +190,10 @@ def _per_run_part(root: str, spec: ViewSpec, workdir: tuple[str, int], step: lis
     if not os.path.isdir(target):
         os.makedirs(target, 0o755)  # "same": under the fresh /tmp, or in the root before it is sealed
     kind, fd = workdir
+    if kind == "tmpfs":
+        owner = f",uid={spec.workdir_owner[0]},gid={spec.workdir_owner[1]}" if spec.workdir_owner else ""
+        mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={spec.workdir_size}{owner}")
+        return _mount_proc(root, step)
     if kind == "fd":
         _bind_fd(fd, target, writable=True)
     else:  # a detached clone of the workdir made before we left the host's mount namespace
@@ -198,8 +205,12 @@ def _per_run_part(root: str, spec: ViewSpec, workdir: tuple[str, int], step: lis
                 flags |= ms_bit
         mount(None, target, None, flags)
     os.close(fd)
+    _mount_proc(root, step)
 
+
+def _mount_proc(root: str, step: list[str]) -> None:
     step[0] = "mount:proc"
+    dev = f"{root}/dev"
     proc = f"{root}/proc"
     mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_READONLY:
@@ -236,9 +247,11 @@ def build_view(spec: ViewSpec, step: list[str]) -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     step[0] = "mount:open-sources"
     opened, dev_fds = _open_sources(spec)
-    work_fd = os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    work: tuple[str, int] = ("tmpfs", -1)
+    if spec.workdir_host:
+        work = ("fd", os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
     _static_part(NEW_ROOT, spec, opened, dev_fds, step)
-    _per_run_part(NEW_ROOT, spec, ("fd", work_fd), step)  # /proc before pivot: rootless needs a visible one
+    _per_run_part(NEW_ROOT, spec, work, step)  # /proc before pivot: rootless needs a visible one
     _pivot(NEW_ROOT, step)
     _seal_root(step)
     os.chdir(spec.workdir)
@@ -260,14 +273,14 @@ def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> None:
     copy of the template, add the per-run mounts. The template's root tmpfs is shared and
     read-only; every writable place is a per-run mount."""
     step[0] = "mount:open-workdir"
-    tree = open_tree(spec.workdir_host)
+    work: tuple[str, int] = ("tree", open_tree(spec.workdir_host)) if spec.workdir_host else ("tmpfs", -1)
     step[0] = "mount:enter-template"
     setns(template_fd, CLONE_NEWNS)
     unshare(CLONE_NEWNS)
     os.chdir("/")
-    if spec.workdir == "same" or not os.path.isdir(spec.workdir):
+    if not os.path.isdir(spec.workdir):
         raise OSError(2, f"the template has no mount point for {spec.workdir}")
-    _per_run_part("", spec, ("tree", tree), step)
+    _per_run_part("", spec, work, step)
     os.chdir(spec.workdir)
 
 
@@ -275,7 +288,7 @@ def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
     """What a template depends on, including the identity of each bind source (a file
     replaced on the host, such as ld.so.cache after an upgrade, must not stay stale).
     None when this view cannot use a template."""
-    if spec.workdir == "same":
+    if not spec.workdir_fixed:
         return None
     ids = []
     for b in spec.binds:
