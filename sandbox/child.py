@@ -14,10 +14,11 @@ Order (each step from its own module; why it sits where it does):
                 rooted at the run's cgroup
   rlimits       before dropping privileges: raising is impossible afterwards anyway
   fds           close everything above 2 but the report pipe (CLOEXEC) (CVE-2024-21626)
+  landlock      build the ruleset while every rule path is still reachable
   identity      bounding set emptied, then uid/gid (or a nested user namespace)
   capabilities  every set cleared
   no_new_privs  exec can never gain privileges (setuid, file caps); not dumpable
-  landlock      filesystem rules a second time, so a mount mistake is not an escape
+  landlock_enforce  filesystem rules a second time, so a mount mistake is not an escape
   seccomp       last: the filter still allows what spawning the command needs
   exec          posix_spawn (vfork+exec: no second Python fork), then init duties
 
@@ -179,6 +180,18 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         os.set_inheritable(report_fd, False)  # closed by exec; belt and braces (CVE-2024-21626)
         os.closerange(3, report_fd)
         os.closerange(report_fd + 1, 1 << 20)
+        landlock_rs = -1
+        if plan.landlock != "off":
+            mark("landlock")  # the rules are built while we can still reach every path...
+            from .isolation import landlock
+
+            abi = landlock.abi_version()
+            if abi == 0:
+                if plan.landlock == "required":
+                    raise StepError("landlock", 95, "landlock is not available on this kernel")
+            else:
+                landlock_rs, abi = landlock.prepare(plan.landlock_ro, plan.landlock_rw)
+            _report(report_fd, f"A landlock={abi}")
         mark("identity")
         from .isolation import identity
 
@@ -197,17 +210,9 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         prctl.set_pdeathsig(signal.SIGKILL)
         mark("no_new_privs")
         identity.no_new_privs()
-        if plan.landlock != "off":
-            mark("landlock")
-            from .isolation import landlock
-
-            abi = landlock.abi_version()
-            if abi == 0:
-                if plan.landlock == "required":
-                    raise StepError("landlock", 95, "landlock is not available on this kernel")
-            else:
-                abi = landlock.restrict(plan.landlock_ro, plan.landlock_rw)
-            _report(report_fd, f"A landlock={abi}")
+        if landlock_rs >= 0:
+            mark("landlock_enforce")  # ...and enforced once no_new_privs is set
+            landlock.enforce(landlock_rs)
         if plan.seccomp_bpf:
             mark("seccomp")
             from .isolation.seccomp import load_bpf

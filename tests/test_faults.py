@@ -166,19 +166,31 @@ def test_caller_sigkilled_mid_run_kills_the_sandbox_within_1s(no_leftovers, via:
         shutil.rmtree(d)
 
 
-@pytest.mark.parametrize("via", ["library"])
-def test_killed_callers_workdir_is_swept_at_the_next_start(no_leftovers, via: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("via", ["library", "cli"])
+def test_killed_callers_run_leaves_nothing_on_the_host_disk(no_leftovers, via: str, tmp_path: Path) -> None:
+    # The fresh workdir is a tmpfs inside the sandbox: a SIGKILLed caller has no directory to leak.
     mark = marker()
-    try:
-        with killed_caller(via, mark, tmp_path):
-            assert [d.name[:11] for d in tmp_path.iterdir()] == ["sandboxrun-"]
-        # The sweep runs in processes with the default TMPDIR: look there too.
-        code = "import sandbox; sandbox.run(['true'])"
-        subprocess.run([sys.executable, "-c", code], env=env(TMPDIR=str(tmp_path)), cwd=ROOT, timeout=60)
+    with killed_caller(via, mark, tmp_path):
         assert list(tmp_path.iterdir()) == []
-    finally:
-        for d in tmp_path.iterdir():
-            shutil.rmtree(d)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path, monkeypatch) -> None:
+    """Host workdirs exist only without a private view (the nested profile); a supervisor
+    SIGKILLed mid-run leaves one, and the next start removes it (its pid is in the name)."""
+    from sandbox import supervisor
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"sandboxrun-{dead.pid}-abc").mkdir()
+    (tmp_path / f"sandboxrun-{dead.pid}-abc" / "file").write_text("x")
+    (tmp_path / f"sandboxrun-{os.getppid()}-live").mkdir()  # a live owner: kept
+    (tmp_path / "sandboxrun-rootless-xyz").mkdir()  # not ours: kept
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(supervisor, "_swept", False)
+    supervisor._sweep_stale_workdirs()
+    assert sorted(d.name for d in tmp_path.iterdir()) == sorted(
+        [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"])
 
 
 def test_fork_server_sigkilled_mid_run_kills_the_sandbox(no_leftovers) -> None:
@@ -332,8 +344,12 @@ def _fresh_workdir(base: Path) -> Path:
     return found[0]
 
 
+# A fresh workdir is on the host only without a private view (the nested profile).
+HOST_WRITE_AFTER = WRITE_AFTER.replace("/work/", "./").replace("-w /work", "-w .")
+
+
 def test_fresh_workdir_removed_mid_run_is_tolerated(no_leftovers, private_tmp: Path) -> None:
-    r = sandbox.run(["sh", "-c", WRITE_AFTER],
+    r = sandbox.run(["sh", "-c", HOST_WRITE_AFTER], profile="nested",
                     on_stdout=_on_ready(lambda: shutil.rmtree(_fresh_workdir(private_tmp))))
     assert "touch=1" in r.stdout, r.stdout
     assert list(private_tmp.iterdir()) == []
@@ -341,8 +357,9 @@ def test_fresh_workdir_removed_mid_run_is_tolerated(no_leftovers, private_tmp: P
 
 
 def test_fresh_workdir_made_unreadable_is_still_removed(no_leftovers, private_tmp: Path) -> None:
-    cmd = "mkdir -p /work/d/e && touch /work/d/e/f && chmod 0 /work/d/e /work/d && echo ready && sleep 0.2"
-    r = sandbox.run(["sh", "-c", cmd], on_stdout=_on_ready(lambda: _fresh_workdir(private_tmp).chmod(0o500)))
+    cmd = "mkdir -p d/e && touch d/e/f && chmod 0 d/e d && echo ready && sleep 0.2"
+    r = sandbox.run(["sh", "-c", cmd], profile="nested",
+                    on_stdout=_on_ready(lambda: _fresh_workdir(private_tmp).chmod(0o500)))
     assert r.status == "ok", r
     assert list(private_tmp.iterdir()) == []
     assert private_tmp.stat().st_mode & 0o777 == 0o755

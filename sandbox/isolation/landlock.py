@@ -114,6 +114,24 @@ def _open_beneath(path: str) -> int | None:
 
 
 def restrict(read_only: Sequence[str], read_write: Sequence[str], *, abi: int | None = None) -> int:
+    """prepare() then enforce(): see there."""
+    rs, use = prepare(read_only, read_write, abi=abi)
+    enforce(rs)
+    return use
+
+
+def enforce(rs: int) -> None:
+    """Restrict the calling thread (and its future children) to ruleset `rs`, then close it.
+    Needs no_new_privs (or CAP_SYS_ADMIN)."""
+    fn, c, _ = _syscall()
+    try:
+        if fn(c.c_long(_SYS_RESTRICT_SELF), c.c_long(rs), c.c_uint32(0)) < 0:
+            raise _fail("landlock_restrict_self")
+    finally:
+        os.close(rs)
+
+
+def prepare(read_only: Sequence[str], read_write: Sequence[str], *, abi: int | None = None) -> tuple[int, int]:
     """Allow only ``read_only`` (execute, read files, list dirs) and ``read_write`` (every handled
     right) beneath the given paths; everything else on the filesystem is denied from now on.
 
@@ -121,6 +139,9 @@ def restrict(read_only: Sequence[str], read_write: Sequence[str], *, abi: int | 
     not exist are skipped.  The caller must have set no_new_privs (or hold CAP_SYS_ADMIN).  Returns the
     ABI used; raises OSError with the kernel's errno on failure.  With ABI 1 (no REFER right) renames
     and links across directories are always denied (EXDEV), even between read_write paths.
+
+    prepare() only builds the ruleset (returns its fd and the ABI): it opens the rule paths, so
+    it can run before a process drops the privileges it needs to reach them; enforce() applies it.
     """
     kernel = abi_version()
     if kernel == 0:
@@ -156,8 +177,7 @@ def restrict(read_only: Sequence[str], read_write: Sequence[str], *, abi: int | 
                     raise _fail("landlock_add_rule", path)
             finally:
                 os.close(fd)
-        if fn(c.c_long(_SYS_RESTRICT_SELF), c.c_long(rs), c.c_uint32(0)) < 0:
-            raise _fail("landlock_restrict_self")
-    finally:
+    except BaseException:
         os.close(rs)
-    return use
+        raise
+    return rs, use
