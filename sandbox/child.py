@@ -131,6 +131,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("session")
         os.setsid()
         prctl.set_name("sandboxrun-init")
+        prctl.set_proctitle("sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
         mark("pdeathsig")
         prctl.set_pdeathsig(signal.SIGKILL)  # (getppid() is 0 here: the parent is outside our pid ns)
         mark("namespaces")

@@ -258,3 +258,11 @@ def test_template_and_full_build_give_the_same_view() -> None:
     via_cli = subprocess.run([sys.executable, "-m", "sandbox", "--", "sh", "-c", show], capture_output=True,
                              text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root))).stdout
     assert via_template and via_template == via_cli
+
+
+def test_init_command_line_reveals_no_host_paths() -> None:
+    from pathlib import Path
+
+    r = sandbox.run(["cat", "/proc/1/cmdline"])
+    assert r.stdout.strip("\0 ") == "sandboxrun-init", r.stdout
+    assert str(Path(sandbox.__file__).parent.parent) not in r.stdout
