@@ -189,9 +189,10 @@ def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: s
 
 
 class _Workdir:
-    """The run's workdir on the host: the caller's, or a fresh one removed afterwards."""
+    """The run's workdir: the caller's directory; or a fresh one: a tmpfs the child mounts
+    (path ""), or, without a private view, a host directory removed afterwards."""
 
-    def __init__(self, cwd: str | None, owner: tuple[int, int] | None, *, in_memory: bool = False) -> None:
+    def __init__(self, cwd: str | None, *, in_memory: bool) -> None:
         self.fresh = cwd is None
         if cwd is None and in_memory:
             # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
@@ -201,8 +202,6 @@ class _Workdir:
             _sweep_stale_workdirs()
             # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
             self.path = _mkdtemp()
-            if owner is not None:
-                os.chown(self.path, *owner)
         else:
             if not isinstance(cwd, (str, os.PathLike)):
                 raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
@@ -410,7 +409,7 @@ def execute(req: Request) -> Result:
     lease = None
     opened: list[int] = []
     try:
-        work = _Workdir(req.cwd, None, in_memory=prof.view == "private")
+        work = _Workdir(req.cwd, in_memory=prof.view == "private")
         uid, gid, host_uid, lease = _identity(req.cwd, work)
         if work.fresh and work.path and not _rootless():
             os.chown(work.path, uid, gid)
