@@ -266,3 +266,8 @@ def test_init_command_line_reveals_no_host_paths() -> None:
     r = sandbox.run(["cat", "/proc/1/cmdline"])
     assert r.stdout.strip("\0 ") == "sandboxrun-init", r.stdout
     assert str(Path(sandbox.__file__).parent.parent) not in r.stdout
+
+
+def test_no_core_dumps(tmp_path) -> None:
+    r = sandbox.run(["sh", "-c", "ulimit -c unlimited 2>&1; python3 -c 'import os; os.abort()'; ls"], cwd=tmp_path)
+    assert "core" not in r.stdout and not list(tmp_path.glob("core*")), r.stdout
