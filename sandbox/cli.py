@@ -27,7 +27,18 @@ SUBCOMMANDS = ("run", "check", "profiles", "doctor", "start", "list", "poll", "l
                "submit", "paste", "kill", "wait", "clear", "remove", "payload", "python", "mcp", "batch")
 
 
+class _Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.
+        cols = os.environ.get("COLUMNS", "")
+        super().__init__(prog, width=int(cols) if cols.isdigit() else 100)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kw)
+
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         print(f"sandboxrun: error: {message}", file=sys.stderr)
