@@ -58,6 +58,8 @@ _SNIPPET = 120  # characters of the offending command quoted in a reason
 
 @dataclass(frozen=True)
 class Verdict:
+    """The filter's answer: allowed, or the rule that blocked and why."""
+
     allowed: bool
     rule: str | None  # id of the rule that blocked ("rm-root", "custom-1", "allowlist", ...)
     reason: str | None  # human sentence explaining the block

@@ -34,6 +34,8 @@ from .plan import RunPlan
 
 @dataclass
 class ChildFds:
+    """The child's stdin/stdout/stderr, report pipe and cgroup sync pipe."""
+
     stdin: int
     stdout: int
     stderr: int
@@ -187,6 +189,8 @@ def host_pid(pidfd: int) -> int:
 
 @dataclass
 class Launched:
+    """A started child: its pid (in our pid namespace) and a pidfd."""
+
     pid: int
     pidfd: int
     direct: bool  # we are the parent and must reap

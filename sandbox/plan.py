@@ -13,6 +13,8 @@ from .isolation.filesystem import ViewSpec
 
 @dataclass
 class RunPlan:
+    """What the child does, resolved by the supervisor."""
+
     argv: list[str]
     env: dict[str, str]
     unshare_flags: int  # namespaces the child creates itself (never pid/user: see forker)

@@ -51,6 +51,8 @@ _APPEND_LISTS = {("filesystem", "ro_bind"), ("filesystem", "ro_bind_try"), ("fil
 
 @dataclass(frozen=True)
 class Mount:
+    """A bind mount: a host path seen at a path inside the sandbox."""
+
     source: str  # absolute host path
     target: str  # absolute path inside the sandbox
     writable: bool = False
@@ -59,6 +61,8 @@ class Mount:
 
 @dataclass(frozen=True)
 class Limits:
+    """Resource limits of a run (bytes, seconds, counts; None is unlimited)."""
+
     timeout: float | None = 30.0  # wall clock; None only when allow_no_timeout
     kill_grace: float = 1.0
     cpu_time: float | None = 30.0  # RLIMIT_CPU seconds
@@ -79,6 +83,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Profile:
+    """A validated isolation profile: what a run may do."""
+
     name: str
     description: str = ""
     source: str = ""

@@ -32,6 +32,8 @@ STATUSES = (
 
 @dataclass
 class Usage:
+    """Resources the run used."""
+
     cpu_user_s: float = 0.0
     cpu_sys_s: float = 0.0
     wall_s: float = 0.0
@@ -60,6 +62,8 @@ class Isolation:
 
 @dataclass
 class Result:
+    """The structured result of one run (see result.schema.json)."""
+
     command: list[str]
     status: str
     success: bool = False

@@ -74,6 +74,8 @@ def _forker() -> DirectForker | ServerForker:
 
 @dataclass
 class Request:
+    """One run, prepared: argv, profile, workdir, environment, streams."""
+
     argv: list[str]
     profile: Profile
     cwd: str | None = None
@@ -487,6 +489,8 @@ def execute(req: Request) -> Result:
 
 @dataclass
 class _Report:
+    """What the child said on the report pipe."""
+
     status: int | None = None
     utime: float = 0.0
     stime: float = 0.0

@@ -38,6 +38,8 @@ class CgroupUnavailable(OSError):
 
 @dataclass
 class CgroupLimits:
+    """What a run's cgroup limits."""
+
     memory: int | None
     processes: int | None
     cpus: float | None
@@ -47,6 +49,8 @@ class CgroupLimits:
 
 @dataclass
 class CgroupStats:
+    """What a run's cgroup saw: peak memory, OOM kills, pids limit, CPU."""
+
     peak_memory: int = 0
     oom_kills: int = 0
     pids_max_hit: bool = False
@@ -109,6 +113,8 @@ def _rmdir_retry(path: str, tries: int = 50) -> None:
 
 @dataclass
 class RunCgroup:
+    """One run's cgroup: a directory per hierarchy (v1) or one (v2)."""
+
     version: str  # "v1" | "v2"
     dirs: list[str]  # one per hierarchy (v1) or one (v2)
     procs_files: list[str] = field(default_factory=list)

@@ -53,6 +53,8 @@ PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "a
 
 @dataclass(frozen=True)
 class BindSpec:
+    """One bind of the view, as the child applies it."""
+
     source: str
     target: str
     writable: bool
@@ -61,6 +63,8 @@ class BindSpec:
 
 @dataclass(frozen=True)
 class ViewSpec:
+    """Everything the child needs to build the filesystem view."""
+
     binds: tuple[BindSpec, ...]
     workdir_host: str  # "" for a fresh workdir: a size-capped tmpfs, nothing on the host disk
     workdir: str  # inside
