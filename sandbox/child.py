@@ -149,11 +149,17 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
             sub = [""]
             try:
                 if plan.view_template >= 0:
-                    filesystem.enter_template(plan.view_template, plan.view, sub)
+                    idmapped = filesystem.enter_template(plan.view_template, plan.view, sub)
                 else:
-                    filesystem.build_view(plan.view, sub)
+                    idmapped = filesystem.build_view(plan.view, sub)
             except OSError as e:
                 raise StepError(f"filesystem:{sub[0]}", e.errno or 0, str(e)) from None
+            fallback = plan.extra.get("fallback_ids")
+            if plan.view.workdir_idmap is not None and not idmapped and fallback:
+                # No idmapped mount on this filesystem: run as the workdir's owner instead,
+                # so that it stays writable (and say so).
+                plan.uid, plan.gid = fallback
+                _report(report_fd, f"A uid={plan.uid}")
         else:
             mark("cwd")
             os.chdir(plan.cwd)

@@ -126,6 +126,7 @@ class _ForkSide:
             try:
                 for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     signal.signal(sig, signal.SIG_DFL)  # not the forker's handlers
+                signal.pthread_sigmask(signal.SIG_SETMASK, set())  # nor its blocked signals
                 for i, fd in enumerate((fds.stdin, fds.stdout, fds.stderr)):
                     os.dup2(fd, i)
                 from .child import child_main
@@ -290,9 +291,15 @@ def serve(fd: int) -> None:
         try:
             assert isinstance(plan, RunPlan)
             child_fds = ChildFds(fds[0], fds[1], fds[2], fds[3], fds[4:])
-            pid = side.fork_child(plan, child_fds)
-            children.add(pid)
-            pidfd = os.pidfd_open(pid)
+            # No reaping between fork and pidfd_open: a child that fails at once would be
+            # gone (its pid maybe reused) before we hold it.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            try:
+                pid = side.fork_child(plan, child_fds)
+                children.add(pid)
+                pidfd = os.pidfd_open(pid)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             reply: object = ("ok", pid)
             out = [pidfd]
         except ForkError as e:

@@ -292,12 +292,12 @@ def _sweep_stale_workdirs() -> None:
             remove_tree(path)
 
 
-def _identity(cwd: str | None, work: _Workdir) -> tuple[int, int, int | None, Any]:
+def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int, int | None, Any]:
     """(uid inside, gid inside, host uid, lease) for this run."""
     if _rootless():
         return SANDBOX_UID, SANDBOX_UID, cgroups.caller_uid(), None
-    if cwd is not None:
-        st = os.stat(work.path)  # the caller's directory: run as its owner so it stays writable
+    if cwd is not None and prof.view != "private":
+        st = os.stat(work.path)  # no mount namespace: run as the directory's owner so it stays writable
         return st.st_uid, st.st_gid, st.st_uid, None
     from .isolation.uids import allocate
 
@@ -314,6 +314,16 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         if ns in ("pid",) or (ns == "net" and prof.network != "none") or (ns == "mount" and prof.view != "private"):
             continue
         flags |= NAMESPACE_FLAGS[ns]
+    idmap = None
+    extra: dict[str, object] = {}
+    if work.path and not work.fresh and not _rootless():
+        # The caller's directory, seen through an idmapped mount as the run uid's own: the run
+        # keeps its unprivileged uid and what it creates belongs to the directory's owner.
+        st = os.stat(work.path)
+        idmap = (st.st_uid, uid, st.st_gid, gid)
+        extra["fallback_ids"] = (st.st_uid, st.st_gid)
+    if "SANDBOXRUN_FAIL_STEP" in os.environ:
+        extra["fail_step"] = os.environ["SANDBOXRUN_FAIL_STEP"]
     inside = work.path if prof.workdir == "same" and work.path else (
         "/work" if prof.workdir == "same" else prof.workdir)
     view = None
@@ -323,6 +333,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             binds=view_binds(prof.mounts), workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
             workdir_size=lim.workdir_size, workdir_owner=None if _rootless() else (uid, gid),
             workdir_fixed=prof.workdir != "same" or not work.path,
+            workdir_idmap=idmap,
             shm_size=lim.shm_size, hostname=prof.hostname,
             passwd=f"{name}:x:{uid}:{gid}:sandbox:{inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
@@ -354,7 +365,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         nested_userns=rootless and bool(prof.namespaces),
         seccomp_bpf=bpf, landlock=prof.landlock, landlock_ro=("/",), landlock_rw=tuple(rw),
         trace=req.trace, pty=req.pty_fd is not None,
-        extra={"fail_step": os.environ["SANDBOXRUN_FAIL_STEP"]} if "SANDBOXRUN_FAIL_STEP" in os.environ else {},
+        extra=extra,
     )
 
 
@@ -412,7 +423,7 @@ def execute(req: Request) -> Result:
     opened: list[int] = []
     try:
         work = _Workdir(req.cwd, in_memory=prof.view == "private")
-        uid, gid, host_uid, lease = _identity(req.cwd, work)
+        uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
         if work.fresh and work.path and not _rootless():
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
@@ -464,9 +475,11 @@ def execute(req: Request) -> Result:
             for fd in {out_r, err_r, rep_r} - {req.pty_master}:
                 os.close(fd)
         if res.status != "setup_error":  # nothing was applied to a command that never ran
-            abi = res.isolation.landlock_abi
+            abi, fallback_uid = res.isolation.landlock_abi, res.isolation.uid
             res.isolation = _isolation(prof, plan, cg, host_uid)
             res.isolation.landlock_abi = abi
+            if fallback_uid is not None:
+                res.isolation.uid = res.isolation.host_uid = fallback_uid
             if res.isolation.cgroup == "none" and cg_error:
                 res.isolation.limits["cgroup_unavailable"] = cg_error
         return res
@@ -499,6 +512,7 @@ class _Report:
     trace: dict[str, float] = field(default_factory=dict)
     landlock_abi: int = 0
     started: bool = False  # the command was spawned
+    uid: int | None = None  # the child fell back to this uid (no idmapped workdir)
     buf: bytes = b""
 
     def feed(self, data: bytes) -> None:
@@ -524,6 +538,8 @@ class _Report:
             self.started = True
         elif kind == "A" and rest.startswith("landlock="):
             self.landlock_abi = int(rest.split("=", 1)[1])
+        elif kind == "A" and rest.startswith("uid="):
+            self.uid = int(rest.split("=", 1)[1])
 
 
 def _send(launched: Launched, sig: int) -> None:
@@ -643,6 +659,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         trace=report.trace or None,
     )
     res.isolation.landlock_abi = report.landlock_abi
+    res.isolation.uid = report.uid  # set only when the child fell back to another uid
     _classify(res, report, lim)
     return res
 

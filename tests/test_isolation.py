@@ -271,3 +271,17 @@ def test_init_command_line_reveals_no_host_paths() -> None:
 def test_no_core_dumps(tmp_path) -> None:
     r = sandbox.run(["sh", "-c", "ulimit -c unlimited 2>&1; python3 -c 'import os; os.abort()'; ls"], cwd=tmp_path)
     assert "core" not in r.stdout and not list(tmp_path.glob("core*")), r.stdout
+
+
+def test_callers_workdir_is_idmapped_to_the_unprivileged_run_uid(tmp_path) -> None:
+    """A root caller's root-owned directory: the command still runs unprivileged, sees the
+    directory as its own, and what it creates belongs to the directory's owner on the host."""
+    if os.geteuid() != 0:
+        pytest.skip("idmapped workdirs are made for root callers")
+    (tmp_path / "in.txt").write_text("hi")
+    r = sandbox.run(["sh", "-c", "id -u; stat -c %u in.txt; echo out > out.txt; chmod 4755 out.txt || echo refused"],
+                    cwd=tmp_path)
+    uid, seen_owner, refused = r.stdout.split()
+    assert int(uid) != 0 and int(seen_owner) == int(uid) == r.isolation.uid, r.stdout
+    assert refused == "refused"  # no setuid file for the host (seccomp)
+    assert (tmp_path / "out.txt").stat().st_uid == tmp_path.stat().st_uid == 0

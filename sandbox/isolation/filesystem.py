@@ -28,6 +28,7 @@ from .syscalls import (
     MS_RDONLY,
     MS_REC,
     MS_REMOUNT,
+    idmap_tree,
     mount,
     move_mount,
     open_tree,
@@ -76,6 +77,8 @@ class ViewSpec:
     workdir_size: int = 256 * 2**20  # the fresh tmpfs workdir's size
     workdir_owner: tuple[int, int] | None = None  # its uid/gid (None: the mounting user)
     workdir_fixed: bool = True  # the same path for every run (not the profile's "same" as the host)
+    # (disk uid, run uid, disk gid, run gid): show the caller's workdir as the run's own
+    workdir_idmap: tuple[int, int, int, int] | None = None
 
 
 def _opened(path: str) -> int:
@@ -231,6 +234,30 @@ def _mount_proc(root: str, step: list[str]) -> None:
             mount(null, p, None, MS_BIND)
 
 
+def _workdir_tree(spec: ViewSpec, step: list[str]) -> tuple[tuple[str, int], bool]:
+    """A detached clone of the caller's workdir, idmapped onto the run's uid when asked.
+    Returns it and whether the idmap took (a filesystem without idmapped mounts says EINVAL:
+    the caller then runs as the directory's owner instead)."""
+    step[0] = "mount:open-workdir"
+    tree = open_tree(spec.workdir_host)
+    if spec.workdir_idmap is None:
+        return ("tree", tree), False
+    step[0] = "mount:idmap-workdir"
+    from .identity import idmap_userns
+
+    try:
+        userns = idmap_userns(*spec.workdir_idmap)
+    except OSError:
+        return ("tree", tree), False
+    try:
+        idmap_tree(tree, userns)
+        return ("tree", tree), True
+    except OSError:
+        return ("tree", tree), False
+    finally:
+        os.close(userns)
+
+
 def _pivot(root: str, step: list[str]) -> None:
     step[0] = "pivot_root"
     os.chdir(root)
@@ -244,21 +271,25 @@ def _seal_root(step: list[str]) -> None:
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def build_view(spec: ViewSpec, step: list[str]) -> None:
+def build_view(spec: ViewSpec, step: list[str]) -> bool:
     """Build the whole view in our fresh mount namespace and pivot into it.
-    `step[0]` names the sub-step for error reports."""
+    `step[0]` names the sub-step for error reports. True when the workdir is idmapped."""
     step[0] = "mount:private"
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     step[0] = "mount:open-sources"
     opened, dev_fds = _open_sources(spec)
     work: tuple[str, int] = ("tmpfs", -1)
-    if spec.workdir_host:
+    idmapped = False
+    if spec.workdir_idmap is not None:
+        work, idmapped = _workdir_tree(spec, step)
+    elif spec.workdir_host:
         work = ("fd", os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
     _static_part(NEW_ROOT, spec, opened, dev_fds, step)
     _per_run_part(NEW_ROOT, spec, work, step)  # /proc before pivot: rootless needs a visible one
     _pivot(NEW_ROOT, step)
     _seal_root(step)
     os.chdir(spec.workdir)
+    return idmapped
 
 
 def build_template(spec: ViewSpec, step: list[str]) -> None:
@@ -272,12 +303,14 @@ def build_template(spec: ViewSpec, step: list[str]) -> None:
     _seal_root(step)
 
 
-def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> None:
+def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> bool:
     """Per run: clone the workdir while still in the host's namespace, switch to a private
     copy of the template, add the per-run mounts. The template's root tmpfs is shared and
     read-only; every writable place is a per-run mount."""
-    step[0] = "mount:open-workdir"
-    work: tuple[str, int] = ("tree", open_tree(spec.workdir_host)) if spec.workdir_host else ("tmpfs", -1)
+    work: tuple[str, int] = ("tmpfs", -1)
+    idmapped = False
+    if spec.workdir_host:
+        work, idmapped = _workdir_tree(spec, step)
     step[0] = "mount:enter-template"
     setns(template_fd, CLONE_NEWNS)
     unshare(CLONE_NEWNS)
@@ -286,6 +319,7 @@ def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> None:
         raise OSError(2, f"the template has no mount point for {spec.workdir}")
     _per_run_part("", spec, work, step)
     os.chdir(spec.workdir)
+    return idmapped
 
 
 def template_key(spec: ViewSpec) -> tuple[object, ...] | None:

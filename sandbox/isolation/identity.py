@@ -36,6 +36,37 @@ def enter_user_namespace(inside_uid: int, inside_gid: int) -> None:
     _write("/proc/self/gid_map", f"{inside_gid} {gid} 1\n")
 
 
+def idmap_userns(disk_uid: int, run_uid: int, disk_gid: int, run_gid: int) -> int:
+    """An fd of a user namespace mapping disk ids onto the run's (for an idmapped mount):
+    files the disk says belong to disk_uid appear as run_uid's, and what run_uid creates is
+    stored as disk_uid's. Needs CAP_SETUID/CAP_SETGID (root). A user namespace only lives in
+    a process: a helper child makes it, we write its maps, keep an fd, and let it go."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            unshare(CLONE_NEWUSER)
+            # Our pid as the mounted /proc knows it (the caller may be in a newer pid namespace).
+            os.write(w, os.readlink("/proc/self").encode() + b"\n")
+            os.read(w, 1)  # blocks (on our own write end) until killed
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        seen = os.read(r, 64).strip()
+        if not seen.isdigit():
+            raise OSError(1, "the helper could not create a user namespace")
+        proc = f"/proc/{seen.decode()}"
+        _write(f"{proc}/uid_map", f"{disk_uid} {run_uid} 1\n")
+        _write(f"{proc}/gid_map", f"{disk_gid} {run_gid} 1\n")
+        return os.open(f"{proc}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(r)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
 def drop_bounding_set(best_effort: bool = False) -> None:
     """Empty the bounding set (needs CAP_SETPCAP; `best_effort` for callers that lack it)."""
     try:

@@ -95,6 +95,22 @@ def open_tree(path: str) -> int:
     return fd
 
 
+_SYS_MOUNT_SETATTR = 442
+MOUNT_ATTR_IDMAP = 0x00100000
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def idmap_tree(tree_fd: int, userns_fd: int) -> None:
+    """Make a detached mount (open_tree clone) show ids through a user namespace's maps."""
+    attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
+    _check(_libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(tree_fd), b"", ctypes.c_uint(AT_EMPTY_PATH),
+                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr(idmap)")
+
+
 def move_mount(fd: int, target: str) -> None:
     _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD), _b(target),
                          ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
