@@ -71,6 +71,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
 
 
+def command_of(p: argparse.ArgumentParser, ns: argparse.Namespace, usage: str) -> list[str]:
+    """The CMD ARGS after `--` (argparse.REMAINDER keeps the `--`); a usage error if none."""
+    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not cmd:
+        p.error(f"no command given (usage: {usage})")
+    return list(cmd)
+
+
 def run_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"profile": ns.profile}
     if ns.timeout is not None:
@@ -148,9 +156,7 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--yield-ms", type=int, help="become a background session after this many ms")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
-    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not cmd:
-        p.error("no command given (usage: sandboxrun [OPTIONS] -- CMD [ARGS...])")
+    cmd = command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")
     kw = run_kwargs(ns)
     if ns.yield_ms is not None:
         from .sessions import run_or_yield
@@ -187,9 +193,7 @@ def cmd_check(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
-    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not cmd:
-        p.error("no command given")
+    cmd = command_of(p, ns, "sandboxrun check -- CMD [ARGS...]")
     import shlex
 
     from .filter import check

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import sessions
-from .cli import _Parser, add_run_options, exit_code_for, explain, run_kwargs
+from .cli import _Parser, add_run_options, command_of, exit_code_for, explain, run_kwargs
 from .errors import InputError
 from .result import Result
 
@@ -52,9 +52,7 @@ def cmd_start(argv: list[str]) -> int:
     p.add_argument("--rows", type=int, default=24, help="terminal height (default 24)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
-    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not cmd:
-        p.error("no command given (usage: sandboxrun start [OPTIONS] -- CMD [ARGS...])")
+    cmd = command_of(p, ns, "sandboxrun start [OPTIONS] -- CMD [ARGS...]")
     kw = run_kwargs(ns)
     shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
     try:
