@@ -35,10 +35,21 @@ def _proc(pid: int | str, name: str) -> str:
         return f.read()
 
 
+def template_fds() -> set[int]:
+    """This process's prepared mount-namespace templates (a bounded cache that persists
+    between runs by design, like the fork server)."""
+    sup = sys.modules.get("sandbox.supervisor")
+    forker = getattr(sup, "_native", None)
+    return set((getattr(forker, "templates", None) or {}).values())
+
+
 def open_fds(pid: int | str = "self") -> int:
-    """Open file descriptors of a process (the caller's by default)."""
-    n = len(os.listdir(f"/proc/{pid}/fd"))
-    return n - 1 if pid == "self" else n  # listdir's own fd on /proc/self/fd
+    """Open file descriptors of a process (the caller's by default), the template cache aside."""
+    names = os.listdir(f"/proc/{pid}/fd")
+    if pid != "self":
+        return len(names)
+    cached = template_fds()
+    return len([n for n in names if int(n) not in cached]) - 1  # listdir's own fd on /proc/self/fd
 
 
 def fd_targets(pid: int | str = "self") -> list[str]:

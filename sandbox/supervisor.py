@@ -41,6 +41,8 @@ ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 _server: ServerForker | None = None
 _direct: DirectForker | None = None
+_native: Any = None  # native.launch.NativeForker, imported on first use
+_one_shot = False
 _forker_lock = threading.Lock()
 
 
@@ -51,22 +53,47 @@ def _rootless() -> bool:
 
 
 def use_direct_forker() -> None:
-    """For a process that is and stays single-threaded (the CLI): fork from here."""
-    global _direct
-    _direct = DirectForker()
+    """For a process that is and stays single-threaded (the CLI): fork from here when
+    the Python child is needed, and build each view in full (no templates to keep)."""
+    global _one_shot, _direct
+    _one_shot = True
+    if _rootless():  # its forker enters a user namespace: before anything else happens
+        _direct = DirectForker()
 
 
-def _forker() -> DirectForker | ServerForker:
-    global _server
-    if _direct is not None:
-        return _direct
+def _python_forker() -> DirectForker | ServerForker:
+    global _server, _direct
     with _forker_lock:
+        if _one_shot:
+            if _direct is None:
+                _direct = DirectForker()
+            return _direct
         if _server is None:
             _server = ServerForker()
             import atexit
 
             atexit.register(_server.close)
         return _server
+
+
+def _forker(plan: RunPlan) -> Any:
+    """The native stage where it can run the plan (root callers), else the Python child."""
+    global _native
+    if not _rootless():
+        from .native import ops, stage_path
+
+        if ops.supports(plan) and stage_path():
+            with _forker_lock:
+                if _native is None:
+                    from .native.launch import NativeForker
+
+                    _native = NativeForker(templates=not _one_shot)
+                    if not _one_shot:
+                        import atexit
+
+                        atexit.register(_native.close)
+                return _native
+    return _python_forker()
 
 
 # ---------------------------------------------------------------------------- request
@@ -450,7 +477,7 @@ def execute(req: Request) -> Result:
             opened += [sync_r, sync_w]
             cg_fds = [sync_r]
         try:
-            launched = _forker().spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds))
+            launched = _forker(plan).spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.

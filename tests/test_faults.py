@@ -193,7 +193,13 @@ def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path
         [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"])
 
 
-def test_fork_server_sigkilled_mid_run_kills_the_sandbox(no_leftovers) -> None:
+@pytest.fixture
+def python_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root runs use the native stage; the fork server serves the Python child (rootless callers)."""
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "0")
+
+
+def test_fork_server_sigkilled_mid_run_kills_the_sandbox(python_child, no_leftovers) -> None:
     mark = marker()
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.setdefault("r", sandbox.run(marked_cmd(mark), timeout=60)))
@@ -218,7 +224,8 @@ def test_fork_server_sigkilled_mid_run_kills_the_sandbox(no_leftovers) -> None:
             sandbox.run(["/bin/true"])
 
 
-def test_runner_recovers_after_the_fork_server_dies(no_leftovers) -> None:
+def test_runner_recovers_after_the_fork_server_dies(python_child, no_leftovers) -> None:
+    sandbox.run(["/bin/true"])  # the fork server starts on first use
     server = leaks.forkserver_pids()
     assert server
     for pid in server:

@@ -390,6 +390,6 @@ def test_root_with_unshare_denied_fails_closed(tree: Tree) -> None:
     out = _json_out(cp)
     s = out["strict"]
     assert s["status"] == "setup_error" and s["error_step"] in ("pid_namespace", "namespaces"), s
-    assert s["error_errno"] == 1 and s["pid"] is None
+    assert s["error_errno"] == 1 and s["exit_code"] == -1 and not s["stdout"]
     n = out["nested"]
     assert n["status"] == "ok" and n["isolation"]["namespaces"] == [], n

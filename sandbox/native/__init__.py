@@ -1,0 +1,109 @@
+"""The native stage: the child's setup steps in a small C program (stage.c).
+
+Forking a Python process to build the sandbox costs a copy of its page tables and
+hundreds of copy-on-write faults per run, and a Python child spends milliseconds
+interpreting the steps. The stage is posix_spawn'ed (vfork + exec: free even from
+a large, multi-threaded caller), reads a program of ordered steps compiled from the
+RunPlan (ops.py), applies them with the same syscalls as the Python child, and
+stays as PID 1. The Python child remains for what the stage does not do (rootless
+callers, whose forker lives in a user namespace of its own) and when no C
+compiler was there to build the stage.
+
+The binary is built once per source version into the trusted cache directory (the
+seccomp cache's: root-owned /var/cache/sandboxrun for root) with the system's C
+compiler; `scripts/setup.sh` builds it ahead of the first run.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stage.c")
+
+_path: str | None = None
+_error: str | None = None
+
+
+def _source_key() -> str:
+    from ..isolation.seccomp import _sha256_hex
+
+    with open(SOURCE, "rb") as f:
+        return _sha256_hex(f.read() + os.uname().machine.encode())[:16]
+
+
+def _trusted(fd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and bool(st.st_mode & stat.S_IXUSR))
+
+
+def _compile(dfd: int, name: str, cache: str) -> None:
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    out = os.path.join(cache, tmp)
+    cc = os.environ.get("CC", "cc")
+    base = [cc, "-O2", "-std=gnu11", "-o", out, SOURCE]
+    errors = ""
+    try:
+        for extra in (["-static"], []):  # static: no dynamic loader on each exec
+            r = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+            if r.returncode == 0:
+                os.chmod(out, 0o700)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                return
+            errors = r.stderr.strip().splitlines()[-1:] and r.stderr.strip().splitlines()[-1] or f"exit {r.returncode}"
+    except (OSError, subprocess.SubprocessError) as e:
+        errors = str(e)
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+    raise OSError(0, f"cannot build the native stage with {cc}: {errors}")
+
+
+def stage_path() -> str | None:
+    """The built stage binary, building it on first use; None (see `unavailable()`) when it
+    cannot be built or is switched off (SANDBOXRUN_NATIVE=0)."""
+    global _path, _error
+    if os.environ.get("SANDBOXRUN_NATIVE", "1") == "0":
+        return None
+    if _path or _error:
+        return _path
+    from ..isolation.seccomp import _open_cache_dir, default_cache_dir
+
+    cache = default_cache_dir()
+    dfd = _open_cache_dir(cache)
+    if dfd is None:
+        _error = f"no trusted cache directory at {cache}"
+        return None
+    try:
+        name = f"stage-{_source_key()}"
+        if not _trusted(dfd, name):
+            _compile(dfd, name, cache)
+        _path = os.path.join(cache, name)
+    except OSError as e:
+        _error = e.strerror or str(e)
+    finally:
+        os.close(dfd)
+    return _path
+
+
+def unavailable() -> str | None:
+    """Why the native stage is not used, or None when it is."""
+    if os.environ.get("SANDBOXRUN_NATIVE", "1") == "0":
+        return "switched off (SANDBOXRUN_NATIVE=0)"
+    stage_path()
+    return _error
+
+
+if __name__ == "__main__":  # scripts/setup.sh: build it ahead of the first run
+    import sys
+
+    p = stage_path()
+    print(p or f"native stage unavailable: {_error}", file=sys.stdout if p else sys.stderr)
+    sys.exit(0)

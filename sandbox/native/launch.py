@@ -1,0 +1,151 @@
+"""Start the native stage: posix_spawn (vfork + exec) from any thread of any process.
+
+The stage clones the sandbox's PID 1 with CLONE_PARENT, so we are its parent: we
+get its pid on the launch pipe, reap the stage's first process at once, and reap
+PID 1 when the run ends (Launched.direct).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+
+from ..forker import ChildFds, ForkError, Launched
+from ..plan import RunPlan
+from . import ops, stage_path
+
+_F_DUPFD_CLOEXEC = 1030
+
+
+def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int]) -> tuple[int, int]:
+    """posix_spawn the stage with `fds` at the given numbers; returns (its pid, launch pipe read end)."""
+    memfd = os.memfd_create("sandboxrun-stage", os.MFD_CLOEXEC)
+    launch_r, launch_w = os.pipe2(os.O_CLOEXEC)
+    temps: list[int] = []
+    try:
+        view = memoryview(program)
+        while view:
+            view = view[os.write(memfd, view):]
+        fds = {**fds, 3: memfd, 5: launch_w}
+        actions = []
+        for target, src in sorted(fds.items()):
+            # Each source first goes above every target, so no dup2 overwrites a later source.
+            high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
+            temps.append(high)
+            actions.append((os.POSIX_SPAWN_DUP2, high, target))
+        try:
+            pid = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+        except OSError as e:
+            os.close(launch_r)
+            raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
+        return pid, launch_r
+    finally:
+        for fd in (memfd, launch_w, *temps):
+            os.close(fd)
+
+
+def _read_line(fd: int) -> str:
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode(errors="replace").strip()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+class NativeForker:
+    """Spawns each run's stage; keeps prepared mount-namespace templates when long-lived."""
+
+    def __init__(self, *, templates: bool) -> None:
+        self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
+        self._lock = threading.Lock()
+
+    def _template_for(self, plan: RunPlan) -> int:
+        if self.templates is None or plan.view is None or os.environ.get("SANDBOXRUN_NO_TEMPLATE") == "1":
+            return -1
+        from ..isolation.filesystem import template_key
+
+        key = template_key(plan.view)
+        if key is None:
+            return -1
+        with self._lock:
+            fd = self.templates.get(key)
+            if fd is None:
+                fd = self._make_template(plan)
+                if fd < 0:
+                    return -1
+                if len(self.templates) >= 8:  # a few profiles in use at once; drop the oldest
+                    os.close(self.templates.pop(next(iter(self.templates))))
+                self.templates[key] = fd
+            return fd
+
+    def _make_template(self, plan: RunPlan) -> int:
+        """A stage builds the view's static part in a new mount namespace and holds it until
+        we have opened it; any failure falls back to building each view in full."""
+        assert plan.view is not None and (path := stage_path())
+        hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
+        rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+        null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            pid, launch_r = _spawn_stage(path, "sandboxrun-template", ops.template_program(plan.view),
+                                         {0: hold_r, 1: null, 2: null, 4: rep_w})
+        except ForkError:
+            return -1
+        finally:
+            for fd in (hold_r, rep_w, null):
+                os.close(fd)
+        try:
+            _read_line(launch_r)
+            said = _read_line(rep_r)
+            if said != "R":
+                return -1
+            return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+        finally:
+            os.close(hold_w)  # the stage exits; the namespace lives on in our fd
+            _reap(pid)
+
+    def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
+        path = stage_path()
+        if path is None:
+            raise ForkError("stage", 0, "the native stage is unavailable")
+        template = self._template_for(plan)
+        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup))
+        where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
+        if fds.cgroup:
+            where[ops.CGROUP_FD] = fds.cgroup[0]
+        if template >= 0:
+            where[ops.TEMPLATE_FD] = template
+        first, launch_r = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where)
+        said = _read_line(launch_r)
+        kind, _, rest = said.partition(" ")
+        if kind != "P":
+            _reap(first)
+            if kind == "E":
+                step, err, msg = (rest.split(" ", 2) + ["", ""])[:3]
+                raise ForkError(step, int(err) if err.isdigit() else 0, msg)
+            raise ForkError("stage", 0, f"the native stage said {said!r}")
+        pid = int(rest)
+        if pid != first:
+            _reap(first)  # the stage's first process; PID 1 is our child too (CLONE_PARENT)
+        return Launched(pid, os.pidfd_open(pid), True)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in (self.templates or {}).values():
+                os.close(fd)
+            if self.templates is not None:
+                self.templates.clear()

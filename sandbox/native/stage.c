@@ -1,0 +1,733 @@
+/* sandboxrun's native stage: the child's setup steps and PID 1, without a Python child.
+
+   The supervisor (Python) compiles a RunPlan into a program of ordered steps
+   (sandbox/native/ops.py) and posix_spawns this binary with the program on fd 3.
+   Forking a Python process costs a page-table copy of its heap plus hundreds of
+   copy-on-write faults; this stage is a few pages, so each run pays neither.
+
+   fd 3  the program (a memfd), read whole, then closed
+   fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
+   fd 5  the launch pipe: "P <pid>\n" (the sandbox's PID 1, in the caller's pid namespace) or "E ..."
+   other fds are named by the program's steps (cgroup sync pipe, template namespace, workdir tree)
+
+   With a pid namespace the stage clones PID 1 with CLONE_PARENT, so the caller is its parent
+   (it reaps it and gets its exit) and this first process exits at once.
+
+   Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
+   4-byte little-endian length and its bytes. Numbers travel as decimal text. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROGRAM_FD 3
+#define REPORT_FD 4
+#define LAUNCH_FD 5
+#define MAX_ARGS 8
+#define MAX_SLOTS 64
+
+#ifndef SYS_pivot_root
+#define SYS_pivot_root 155
+#endif
+#define SYS_OPEN_TREE 428
+#define SYS_MOVE_MOUNT 429
+#define SYS_CLOSE_RANGE 436
+#define SYS_LANDLOCK_CREATE_RULESET 444
+#define SYS_LANDLOCK_ADD_RULE 445
+#define SYS_LANDLOCK_RESTRICT_SELF 446
+#define SYS_MOUNT_SETATTR 442
+#define OPEN_TREE_CLONE 1
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 4
+#endif
+#define MOUNT_ATTR_IDMAP 0x00100000
+
+struct arg { const char *s; uint32_t n; };
+struct op { char code; int nargs; struct arg a[MAX_ARGS]; };
+
+static char step[64] = "stage", sub[64] = "";
+static int tracing;
+static char trace_buf[2048];
+static size_t trace_len;
+static struct timespec step_start;
+static int slots[MAX_SLOTS];
+static int run_uid = -1, run_gid = -1;
+static int landlock_rs = -1;
+
+static void report(const char *fmt, ...) {
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof buf - 2) n = sizeof buf - 2;
+    for (int i = 0; i < n; i++)
+        if (buf[i] == '\n') buf[i] = ' ';
+    buf[n++] = '\n';
+    (void)!write(REPORT_FD, buf, n);
+}
+
+static void fail(int err, const char *fmt, ...) __attribute__((noreturn));
+static void fail(int err, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (sub[0])
+        report("E %s:%s %d %s", step, sub, err, msg);
+    else
+        report("E %s %d %s", step, err, msg);
+    _exit(125);
+}
+
+/* A failed syscall: "<what>: <strerror>" (the Python steps say the same). */
+#define CHECK(expr, ...) do { if ((expr) < 0) { int e_ = errno; char w_[PATH_MAX + 64]; \
+    snprintf(w_, sizeof w_, __VA_ARGS__); fail(e_, "[Errno %d] %s: %s", e_, strerror(e_), w_); } } while (0)
+
+static double ms_since(struct timespec *t) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - t->tv_sec) * 1e3 + (now.tv_nsec - t->tv_nsec) / 1e6;
+}
+
+static void mark(const char *name, uint32_t n) {
+    if (tracing && step[0] && strcmp(step, "stage") != 0 && trace_len < sizeof trace_buf - 80)
+        trace_len += snprintf(trace_buf + trace_len, sizeof trace_buf - trace_len, " %s=%.4f", step,
+                              ms_since(&step_start));
+    clock_gettime(CLOCK_MONOTONIC, &step_start);
+    if (n >= sizeof step) n = sizeof step - 1;
+    memcpy(step, name, n);
+    step[n] = 0;
+    sub[0] = 0;
+}
+
+/* ------------------------------------------------------------------ program decoding */
+
+static char *program;
+static size_t program_len, program_pos;
+
+static void read_program(void) {
+    struct stat st;
+    if (fstat(PROGRAM_FD, &st) < 0 || st.st_size <= 0) fail(errno, "cannot read the stage program");
+    program = malloc(st.st_size + 1);
+    if (!program) fail(ENOMEM, "stage program too large");
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = pread(PROGRAM_FD, program + got, st.st_size - got, got);
+        if (r <= 0) fail(r < 0 ? errno : EIO, "short read of the stage program");
+        got += r;
+    }
+    program_len = got;
+    close(PROGRAM_FD);
+}
+
+static int next_op(struct op *op) {
+    if (program_pos >= program_len) return 0;
+    if (program_len - program_pos < 2) fail(EINVAL, "truncated stage program");
+    op->code = program[program_pos];
+    op->nargs = (unsigned char)program[program_pos + 1];
+    program_pos += 2;
+    if (op->nargs > MAX_ARGS) fail(EINVAL, "bad stage program");
+    for (int i = 0; i < op->nargs; i++) {
+        uint32_t n;
+        if (program_len - program_pos < 4) fail(EINVAL, "truncated stage program");
+        memcpy(&n, program + program_pos, 4);
+        program_pos += 4;
+        if (program_len - program_pos < n + 1) fail(EINVAL, "truncated stage program");
+        op->a[i].s = program + program_pos;  /* each argument is followed by a NUL */
+        op->a[i].n = n;
+        program_pos += n + 1;
+    }
+    return 1;
+}
+
+static long num(struct op *op, int i) { return strtol(op->a[i].s, NULL, 10); }
+static const char *str_or_null(struct op *op, int i) { return op->a[i].n ? op->a[i].s : NULL; }
+
+static int slot(struct op *op, int i) {
+    long k = num(op, i);
+    if (k < 0 || k >= MAX_SLOTS) fail(EINVAL, "bad slot");
+    return (int)k;
+}
+
+/* --------------------------------------------------------------------- filesystem */
+
+static const struct { unsigned long st, ms; } locked_flags[] = {
+    {ST_NOSUID, MS_NOSUID}, {ST_NODEV, MS_NODEV}, {ST_NOEXEC, MS_NOEXEC}, {ST_RDONLY, MS_RDONLY},
+    {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME},
+};
+
+/* Flags the kernel locks on a bind inside a user namespace must be kept on the remount. */
+static unsigned long kept_flags(unsigned long f_flag, int writable, int device) {
+    unsigned long flags = 0;
+    for (size_t i = 0; i < sizeof locked_flags / sizeof *locked_flags; i++) {
+        if (!(f_flag & locked_flags[i].st)) continue;
+        if (writable && locked_flags[i].ms == MS_RDONLY) continue;
+        if (device && locked_flags[i].ms == MS_NODEV) continue;
+        flags |= locked_flags[i].ms;
+    }
+    return flags;
+}
+
+static int makedirs(const char *path, mode_t mode) {
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n >= sizeof buf) { errno = ENAMETOOLONG; return -1; }
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, mode) < 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static void mkpoint(const char *path, int is_dir) {
+    struct stat st;
+    if (lstat(path, &st) == 0) return;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        CHECK(makedirs(parent, 0755), "'%s'", parent);
+    }
+    if (is_dir) {
+        CHECK(mkdir(path, 0755), "'%s'", path);
+    } else {
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+        CHECK(fd, "'%s'", path);
+        close(fd);
+    }
+}
+
+static void bind_fd(int fd, const char *target, int writable, int device) {
+    char src[64];
+    snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+    CHECK(mount(src, target, NULL, MS_BIND, NULL), "mount %s", target);
+    struct statvfs sv;
+    CHECK(fstatvfs(fd, &sv), "statvfs %s", target);
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (device ? 0 : MS_NODEV) | (writable ? 0 : MS_RDONLY);
+    flags |= kept_flags(sv.f_flag, writable, device);
+    CHECK(mount(NULL, target, NULL, flags, NULL), "mount %s", target);
+}
+
+static void write_file(const char *path, const char *data, size_t n, mode_t mode) {
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+    CHECK(fd, "'%s'", path);
+    while (n) {
+        ssize_t w = write(fd, data, n);
+        CHECK(w, "'%s'", path);
+        data += w;
+        n -= w;
+    }
+    close(fd);
+}
+
+static int exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
+static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
+
+/* A user namespace that maps the disk's owner onto the run's ids, for an idmapped workdir.
+   It lives as long as a process is in it: a child makes it, we map it, keep an fd, end the child. */
+static int idmap_userns(long disk_uid, long run_uid_, long disk_gid, long run_gid_) {
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        /* Our pid as the mounted /proc knows it: we are in a newer pid namespace than it. */
+        char self[32] = "0";
+        close(pipefd[0]);
+        if (unshare(CLONE_NEWUSER) == 0) {
+            ssize_t n = readlink("/proc/self", self, sizeof self - 1);
+            self[n > 0 ? n : 0] = 0;
+        }
+        (void)!write(pipefd[1], self, strlen(self) + 1);
+        pause();
+        _exit(0);
+    }
+    close(pipefd[1]);
+    char seen[32] = "";
+    int fd = -1;
+    ssize_t got = read(pipefd[0], seen, sizeof seen - 1);
+    seen[got > 0 ? got : 0] = 0;
+    if (got > 0 && atoi(seen) > 0) {
+        char path[64], map[64];
+        int good = 1;
+        const char *files[2] = {"uid_map", "gid_map"};
+        long ids[2][2] = {{disk_uid, run_uid_}, {disk_gid, run_gid_}};
+        for (int i = 0; i < 2 && good; i++) {
+            snprintf(path, sizeof path, "/proc/%s/%s", seen, files[i]);
+            int m = snprintf(map, sizeof map, "%ld %ld 1\n", ids[i][0], ids[i][1]);
+            int f = open(path, O_WRONLY | O_CLOEXEC);
+            good = f >= 0 && write(f, map, m) == m;
+            if (f >= 0) close(f);
+        }
+        if (good) {
+            snprintf(path, sizeof path, "/proc/%s/ns/user", seen);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+        }
+    }
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return fd;
+}
+
+struct mount_attr_s { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+
+static void proc_readonly(const char *p) {
+    if (!exists(p)) return;
+    CHECK(mount(p, p, NULL, MS_BIND | MS_REC, NULL), "mount %s", p);
+    CHECK(mount(NULL, p, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mount %s", p);
+}
+
+static void proc_mask(const char *p, const char *null) {
+    if (is_dir(p)) {
+        CHECK(mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0"), "mount %s", p);
+    } else if (exists(p) && exists(null)) {
+        CHECK(mount(null, p, NULL, MS_BIND, NULL), "mount %s", p);
+    }
+}
+
+/* ------------------------------------------------------------------ other layers */
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    CHECK(s, "socket");
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    CHECK(ioctl(s, SIOCGIFFLAGS, &ifr), "SIOCGIFFLAGS lo");
+    ifr.ifr_flags |= IFF_UP;
+    CHECK(ioctl(s, SIOCSIFFLAGS, &ifr), "SIOCSIFFLAGS lo");
+    close(s);
+}
+
+static void await_cgroup(int fd) {
+    char buf[1024];
+    size_t n = 0;
+    while (n < sizeof buf - 1) {
+        ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += r;
+        if (buf[n - 1] == '\n') break;
+    }
+    buf[n] = 0;
+    close(fd);
+    if (n && buf[0] == '1') return;
+    if (n && buf[n - 1] == '\n') buf[n - 1] = 0;
+    int err = n > 1 ? atoi(buf + 1) : 0;
+    const char *why = n > 1 ? strchr(buf, ' ') : NULL;
+    fail(err, "%s", why ? why + 1 : "the supervisor went away");
+}
+
+/* Landlock: same rights as sandbox/isolation/landlock.py. */
+#define LL_ABI1 ((1ULL << 13) - 1)
+#define LL_REFER (1ULL << 13)
+#define LL_TRUNCATE (1ULL << 14)
+#define LL_IOCTL_DEV (1ULL << 15)
+#define LL_READ_ONLY ((1ULL << 0) | (1ULL << 2) | (1ULL << 3))
+#define LL_FILE ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | LL_TRUNCATE | LL_IOCTL_DEV)
+
+static uint64_t ll_handled(long abi) {
+    uint64_t r = LL_ABI1;
+    if (abi >= 2) r |= LL_REFER;
+    if (abi >= 3) r |= LL_TRUNCATE;
+    if (abi >= 5) r |= LL_IOCTL_DEV;
+    return r;
+}
+
+struct __attribute__((packed)) path_beneath { uint64_t allowed; int32_t parent_fd; };
+
+static void ll_rules(int rs, const struct arg *paths, uint64_t access, uint64_t handled) {
+    for (const char *p = paths->s; p < paths->s + paths->n; p += strlen(p) + 1) {
+        if (!*p) continue;
+        int fd = open(p, O_PATH | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT || errno == ENOTDIR) continue;
+            CHECK(-1, "landlock rule '%s'", p);
+        }
+        struct stat st;
+        uint64_t a = access & handled;
+        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) a &= LL_FILE;
+        if (a) {
+            struct path_beneath pb = {a, fd};
+            if (syscall(SYS_LANDLOCK_ADD_RULE, rs, 1, &pb, 0) < 0) {
+                int e = errno;
+                fail(e, "[Errno %d] landlock_add_rule: %s: '%s'", e, strerror(e), p);
+            }
+        }
+        close(fd);
+    }
+}
+
+static void landlock_prepare(struct op *op) {
+    int required = strcmp(op->a[0].s, "required") == 0;
+    long abi = syscall(SYS_LANDLOCK_CREATE_RULESET, NULL, 0, 1);
+    if (abi < 0) {
+        if (errno != ENOSYS && errno != EOPNOTSUPP && errno != EPERM)
+            CHECK(-1, "landlock_create_ruleset(VERSION)");
+        abi = 0;
+    }
+    if (abi == 0) {
+        if (required) fail(95, "landlock is not available on this kernel");
+        report("A landlock=0");
+        return;
+    }
+    uint64_t handled = ll_handled(abi);
+    landlock_rs = syscall(SYS_LANDLOCK_CREATE_RULESET, &handled, sizeof handled, 0);
+    CHECK(landlock_rs, "landlock_create_ruleset");
+    ll_rules(landlock_rs, &op->a[1], LL_READ_ONLY, handled);
+    ll_rules(landlock_rs, &op->a[2], handled, handled);
+    report("A landlock=%ld", abi);
+}
+
+static void drop_bounding_set(int best_effort) {
+    for (int cap = 0; cap < 64; cap++) {
+        if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0) break;  /* past the kernel's last cap */
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && !best_effort) CHECK(-1, "PR_CAPBSET_DROP %d", cap);
+    }
+}
+
+static void clear_capabilities(void) {
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    CHECK(syscall(SYS_capset, &hdr, data), "capset");
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+}
+
+static void load_seccomp(struct op *op) {
+    struct sock_fprog prog = {(unsigned short)(op->a[0].n / 8), (struct sock_filter *)op->a[0].s};
+    if (op->a[0].n == 0 || op->a[0].n % 8) fail(EINVAL, "not a BPF program");
+    /* The argument bytes are not 8-aligned in the program: copy them. */
+    void *buf = malloc(op->a[0].n);
+    if (!buf) fail(ENOMEM, "seccomp");
+    memcpy(buf, op->a[0].s, op->a[0].n);
+    prog.filter = buf;
+    CHECK(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog), "seccomp");
+    free(buf);
+}
+
+/* ------------------------------------------------------------------------ exec, init */
+
+static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+static void forward(int sig) {
+    int e = errno;
+    kill(-1, sig);  /* every process we may signal in this pid namespace */
+    errno = e;
+}
+
+static void reset_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; s++)
+        if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
+}
+
+static char **split(const struct arg *a, int *count) {
+    int n = 0;
+    for (uint32_t i = 0; i < a->n; i++) n += a->s[i] == 0;
+    n += a->n > 0;
+    char **v = calloc(n + 1, sizeof *v);
+    if (!v) fail(ENOMEM, "exec");
+    int k = 0;
+    if (a->n)
+        for (const char *p = a->s; p <= a->s + a->n && k < n; p += strlen(p) + 1) v[k++] = (char *)p;
+    v[k] = NULL;
+    if (count) *count = k;
+    return v;
+}
+
+__attribute__((noinline)) static const char *find_executable(const char *name, const char *path, char *buf, size_t size) {
+    if (strchr(name, '/')) return name;
+    const char *denied = NULL;
+    static char denied_buf[PATH_MAX];
+    for (const char *d = path;; ) {
+        const char *end = strchr(d, ':');
+        size_t len = end ? (size_t)(end - d) : strlen(d);
+        snprintf(buf, size, "%.*s/%s", (int)(len ? len : 1), len ? d : ".", name);
+        struct stat st;
+        if (stat(buf, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (access(buf, X_OK) == 0) return buf;
+            if (!denied) { snprintf(denied_buf, sizeof denied_buf, "%s", buf); denied = denied_buf; }
+        }
+        if (!end) break;
+        d = end + 1;
+    }
+    if (denied) return denied;  /* exec then says EACCES -> 126 */
+    fail(2, "%s: command not found", name);
+}
+
+static volatile int exec_errno;
+
+static void exec_command(struct op *op) {
+    int pty = num(op, 0);
+    char **argv = split(&op->a[1], NULL), **envp = split(&op->a[2], NULL);
+    if (!argv[0]) fail(EINVAL, "empty command");
+    char buf[PATH_MAX];
+    const char *path = find_executable(argv[0], op->a[3].s, buf, sizeof buf);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    exec_errno = 0;
+    pid_t pid = vfork();
+    if (pid == 0) {
+        if (pty) setpgid(0, 0); else setsid();
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execve(path, argv, envp);
+        exec_errno = errno;
+        _exit(127);
+    }
+    if (pid < 0) CHECK(-1, "fork");
+    if (exec_errno) {
+        int err = exec_errno;
+        waitpid(pid, NULL, 0);
+        const char *what = err == 2 ? "command not found" : err == 13 ? "permission denied"
+                         : err == 8 ? "exec format error" : err == 21 ? "is a directory"
+                         : err == 7 ? "argument list too long" : strerror(err);
+        fail(err, "%s: %s", argv[0], what);
+    }
+    if (pty) {
+        tcsetpgrp(0, pid);
+        kill(-pid, SIGCONT);  /* in case it stopped on SIGTTIN/SIGTTOU before that */
+    }
+    if (tracing) {
+        mark("", 0);
+        trace_len += snprintf(trace_buf + trace_len, sizeof trace_buf - trace_len, " exec=%.4f", ms_since(&t0));
+        report("T%s", trace_buf);
+    }
+    report("S %d", pid);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward;
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &sa, NULL);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    for (;;) {
+        int status;
+        pid_t got = waitpid(-1, &status, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            _exit(0);
+        }
+        if (got == pid) {
+            struct rusage ru;
+            getrusage(RUSAGE_CHILDREN, &ru);
+            report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
+                   (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec, ru.ru_maxrss);
+            _exit(0);  /* the kernel now kills whatever is left in the namespace */
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- the loop */
+
+static void run(void) {
+    struct op op;
+    int skip = 0;
+    while (next_op(&op)) {
+        if (skip) { skip = 0; continue; }
+        const char *a0 = op.nargs > 0 ? op.a[0].s : "";
+        const char *a1 = op.nargs > 1 ? op.a[1].s : "";
+        switch (op.code) {
+        case 'T': mark(a0, op.a[0].n); break;
+        case 'q': snprintf(sub, sizeof sub, "%s", a0); break;
+        case 'F': fail(num(&op, 0), "%s", a1); break;
+        case 's': CHECK(setsid(), "setsid"); break;
+        case 'n': prctl(PR_SET_NAME, a0, 0, 0, 0); break;
+        case 'd': CHECK(prctl(PR_SET_PDEATHSIG, num(&op, 0), 0, 0, 0), "pdeathsig"); break;
+        case 'u': CHECK(unshare(num(&op, 0)), "unshare"); break;
+        case 'e': CHECK(setns(num(&op, 0), num(&op, 1)), "setns"); break;
+        case 'c': CHECK(chdir(a0), "chdir '%s'", a0); break;
+        case 'm':
+            CHECK(mount(str_or_null(&op, 0), a1, str_or_null(&op, 2), num(&op, 3), str_or_null(&op, 4)),
+                  "mount %s", a1);
+            break;
+        case 'o': {  /* open a bind source (O_PATH, no symlink follow) into a slot */
+            int k = slot(&op, 0);
+            slots[k] = open(a1, O_PATH | O_CLOEXEC | O_NOFOLLOW);
+            if (slots[k] < 0 && !num(&op, 2)) CHECK(-1, "'%s'", a1);
+            break;
+        }
+        case 'b': {  /* bind slot -> target: slot, target, writable, device, is_dir */
+            int fd = slots[slot(&op, 0)];
+            if (fd < 0) break;  /* an optional source that was absent */
+            mkpoint(a1, num(&op, 4));
+            bind_fd(fd, a1, num(&op, 2), num(&op, 3));
+            close(fd);
+            slots[slot(&op, 0)] = -1;
+            break;
+        }
+        case 'k': CHECK(mkdir(a0, num(&op, 1)), "mkdir '%s'", a0); break;
+        case 'K': mkpoint(a0, num(&op, 1)); break;
+        case 'D': if (!is_dir(a0)) CHECK(makedirs(a0, 0755), "'%s'", a0); break;
+        case 'l': {  /* symlink target linkpath [only if absent, creating parents] */
+            struct stat st;
+            if (num(&op, 2)) {
+                if (lstat(a1, &st) == 0) break;
+                char parent[PATH_MAX];
+                snprintf(parent, sizeof parent, "%s", a1);
+                char *slash = strrchr(parent, '/');
+                if (slash && slash != parent) { *slash = 0; CHECK(makedirs(parent, 0755), "'%s'", parent); }
+            }
+            CHECK(symlink(a0, a1), "symlink '%s'", a1);
+            break;
+        }
+        case 'w': write_file(a0, op.a[2].s, op.a[2].n, num(&op, 1)); break;
+        case 'W': {  /* clone the caller's workdir; idmap it onto the run's ids when it can */
+            int k = slot(&op, 0);
+            slots[k] = syscall(SYS_OPEN_TREE, AT_FDCWD, a1, OPEN_TREE_CLONE | O_CLOEXEC);
+            CHECK(slots[k], "open_tree '%s'", a1);
+            if (op.nargs < 7) break;
+            int ok = 0;
+            int userns = idmap_userns(num(&op, 2), num(&op, 3), num(&op, 4), num(&op, 5));
+            if (userns >= 0) {
+                struct mount_attr_s attr = {MOUNT_ATTR_IDMAP, 0, 0, (uint64_t)userns};
+                ok = syscall(SYS_MOUNT_SETATTR, slots[k], "", AT_EMPTY_PATH, &attr, sizeof attr) == 0;
+                close(userns);
+            }
+            if (!ok) {  /* no idmapped mounts here: run as the directory's owner, and say so */
+                run_uid = num(&op, 2);
+                run_gid = num(&op, 4);
+                if (num(&op, 6)) report("A uid=%d", run_uid);
+            }
+            break;
+        }
+        case 'M': {  /* move a cloned tree to target, then nosuid,nodev keeping locked flags */
+            int k = slot(&op, 0);
+            CHECK(syscall(SYS_MOVE_MOUNT, slots[k], "", AT_FDCWD, a1, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", a1);
+            close(slots[k]);
+            slots[k] = -1;
+            struct statvfs sv;
+            CHECK(statvfs(a1, &sv), "statvfs %s", a1);
+            CHECK(mount(NULL, a1, NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept_flags(sv.f_flag, 1, 0), NULL),
+                  "mount %s", a1);
+            break;
+        }
+        case 'r': proc_readonly(a0); break;
+        case 'x': proc_mask(a0, a1); break;
+        case 'P':
+            CHECK(chdir(a0), "chdir '%s'", a0);
+            CHECK(syscall(SYS_pivot_root, ".", "."), "pivot_root");
+            CHECK(umount2(".", MNT_DETACH), "umount2");
+            CHECK(chdir("/"), "chdir /");
+            break;
+        case 'N': loopback_up(); break;
+        case 'h': CHECK(sethostname(a0, op.a[0].n), "sethostname"); break;
+        case 'g': await_cgroup(num(&op, 0)); break;
+        case 't': {
+            struct rlimit rl = {(rlim_t)strtoull(a1, NULL, 10), (rlim_t)strtoull(a1, NULL, 10)};
+            CHECK(setrlimit(num(&op, 0), &rl), "setrlimit %s", a0);
+            break;
+        }
+        case 'z':  /* close every fd above 2 but the report pipe, which exec closes (CVE-2024-21626) */
+            fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
+            if (syscall(SYS_CLOSE_RANGE, 3, REPORT_FD - 1, 0) < 0 || syscall(SYS_CLOSE_RANGE, REPORT_FD + 1, ~0U, 0) < 0)
+                for (int fd = 3; fd < 1024; fd++) if (fd != REPORT_FD) close(fd);
+            break;
+        case 'a': landlock_prepare(&op); break;
+        case 'B': drop_bounding_set(num(&op, 0)); break;
+        case 'U': {
+            int uid = run_uid >= 0 ? run_uid : (int)num(&op, 0), gid = run_gid >= 0 ? run_gid : (int)num(&op, 1);
+            CHECK(setgroups(0, NULL), "setgroups");
+            CHECK(setresgid(gid, gid, gid), "setresgid");
+            CHECK(setresuid(uid, uid, uid), "setresuid");
+            break;
+        }
+        case 'Z': clear_capabilities(); break;
+        case 'p':
+            CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
+            CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable");
+            break;
+        case 'A':
+            if (landlock_rs >= 0) {
+                CHECK(syscall(SYS_LANDLOCK_RESTRICT_SELF, landlock_rs, 0), "landlock_restrict_self");
+                close(landlock_rs);
+                landlock_rs = -1;
+            }
+            break;
+        case 'S': load_seccomp(&op); break;
+        case 'y': CHECK(ioctl(0, TIOCSCTTY, 0), "TIOCSCTTY"); break;
+        case 'E': exec_command(&op); break;  /* never returns */
+        case 'R': tracing = 1; break;
+        case 'H': {  /* a template is built: say so, and hold the namespace until stdin closes */
+            char c;
+            report("R");
+            while (read(0, &c, 1) < 0 && errno == EINTR) {}
+            _exit(0);
+        }
+        default: fail(EINVAL, "unknown stage op %c", op.code);
+        }
+    }
+    fail(EINVAL, "the stage program has no command");
+}
+
+int main(int argc, char **argv) {
+    (void)argc;  /* argv[0] is the mode: /proc/1/cmdline shows it and nothing else */
+    for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
+    reset_signals();
+    read_program();
+    int pidns = argv[0] && strcmp(argv[0], "sandboxrun-init") == 0;
+    if (pidns) {
+        /* CLONE_PARENT: PID 1 is the caller's child, so the caller reaps it and owns its pidfd. */
+        pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
+        if (pid < 0) {
+            int e = errno;
+            char line[256];
+            int n = snprintf(line, sizeof line, "E pid_namespace %d cannot create a pid namespace: [Errno %d] %s\n",
+                             e, e, strerror(e));
+            (void)!write(LAUNCH_FD, line, n);
+            _exit(125);
+        }
+        if (pid > 0) {
+            char line[32];
+            int n = snprintf(line, sizeof line, "P %d\n", pid);
+            (void)!write(LAUNCH_FD, line, n);
+            _exit(0);
+        }
+    } else {
+        char line[32];
+        int n = snprintf(line, sizeof line, "P %d\n", getpid());
+        (void)!write(LAUNCH_FD, line, n);
+    }
+    close(LAUNCH_FD);
+    run();
+    return 125;
+}
