@@ -376,7 +376,11 @@ def diagnose(profiles: list[str] | None = None) -> dict[str, Any]:
                                 "landlock_abi": iso.landlock_abi, "filesystem": iso.filesystem}
         prof_rows.append(row)
     strict_ok = any(r["profile"] == "strict" and r["runs"] for r in prof_rows)
+    from . import native
+
+    why = "rootless callers use the Python child" if facts["rootless"] else native.unavailable()
     return {
+        "native_stage": {"used": why is None, "path": native.stage_path() if why is None else None, "why_not": why},
         "version": __version__,
         "host": facts,
         "cgroup": cg,
@@ -409,6 +413,9 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(f"{r['layer']:<{width}}  {_mark(r['works']):<5}  {detail}")
         if r["cause"]:
             lines.append(f"{'':<{width}}         likely cause: {r['cause']}")
+    ns = rep.get("native_stage") or {}
+    lines += ["", "child setup: " + ("native stage " + str(ns.get("path")) if ns.get("used")
+                                     else f"Python child ({ns.get('why_not')})")]
     lines += ["", "PROFILE     RUNS HERE"]
     for p in rep["profiles"]:
         if p["runs"]:

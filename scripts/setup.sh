@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(libcap-dev libseccomp2 libseccomp-dev gcc python3-venv python3-dev bubblewrap util-linux)
+PKGS=(libcap-dev libseccomp2 libseccomp-dev gcc libc6-dev python3-venv python3-dev bubblewrap util-linux)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,3 +33,5 @@ if ! .venv/bin/python -c 'import sandbox, prctl, pyseccomp, pytest, hypothesis' 
   .venv/bin/python -c 'import sandbox, prctl, pyseccomp' 
   touch .venv/.installed
 fi
+# The native stage (sandbox/native/stage.c), built once into the trusted cache ahead of the first run.
+.venv/bin/python -m sandbox.native >/dev/null
