@@ -34,13 +34,15 @@ from .plan import RunPlan
 
 @dataclass
 class ChildFds:
-    """The child's stdin/stdout/stderr, report pipe and cgroup sync pipe."""
+    """The child's stdin/stdout/stderr, report pipe and cgroup sync pipe (or, with
+    `cgroup_name`, the tasks files of the v1 cgroup the child joins by itself)."""
 
     stdin: int
     stdout: int
     stderr: int
     report: int
     cgroup: list[int]
+    cgroup_name: str = ""
 
     def all(self) -> list[int]:
         return [self.stdin, self.stdout, self.stderr, self.report, *self.cgroup]

@@ -472,19 +472,30 @@ def execute(req: Request) -> Result:
                 in_r = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
                 opened.append(in_r)
         cg_fds: list[int] = []
-        if cg is not None:
+        forker = _forker(plan)
+        self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
+        if self_join:
+            assert cg is not None
+            try:
+                for d in cg.dirs:
+                    cg_fds.append(os.open(os.path.join(d, "tasks"), os.O_WRONLY | os.O_CLOEXEC))
+                    opened.append(cg_fds[-1])
+            except OSError as e:
+                return _setup_error(argv, prof, "cgroup", e.errno or 0, f"cannot open the run's cgroup: {e}", started)
+        elif cg is not None:
             sync_r, sync_w = _pipe()
             opened += [sync_r, sync_w]
             cg_fds = [sync_r]
         try:
-            launched = _forker(plan).spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds))
+            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds,
+                                                   cg.dirs[0] if self_join and cg else ""))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.
         for fd in (out_w, err_w, rep_w, *cg_fds, *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
             os.close(fd)
             opened.remove(fd)
-        if cg is not None:
+        if cg is not None and not self_join:
             _join_cgroup(cg, launched.pid, sync_w)
             opened.remove(sync_w)
         if req.pty_master is not None:

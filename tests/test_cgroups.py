@@ -58,6 +58,9 @@ def fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     def rmdir(path: str | os.PathLike[str], *a: object, **kw: object) -> None:
         p = Path(path)
         if str(p).startswith(str(root)) and p.is_dir():
+            procs = p / "cgroup.procs"
+            if procs.exists() and procs.read_text().strip():
+                raise OSError(errno.EBUSY, "Device or resource busy", str(p))  # populated
             for f in p.iterdir():
                 if f.is_file():
                     f.unlink()
@@ -74,6 +77,8 @@ def fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                 name = tok[1:]
                 on = [c for c in on if c != name] + ([name] if tok[0] == "+" else [])
             p.write_text(" ".join(on) + "\n")
+        elif p.name == "cgroup.kill" and value == "1":
+            (p.parent / "cgroup.procs").write_text("")  # everyone in it is gone
         else:
             p.write_text(value)
 

@@ -59,8 +59,11 @@ class CgroupStats:
 
 
 def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # interface files are small: one read
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
 
 
 def _read_opt(path: str) -> str:
@@ -118,6 +121,7 @@ class RunCgroup:
     version: str  # "v1" | "v2"
     dirs: list[str]  # one per hierarchy (v1) or one (v2)
     procs_files: list[str] = field(default_factory=list)
+    by_controller: dict[str, str] = field(default_factory=dict)  # v1: controller -> its directory
 
     def add(self, pid: int) -> None:
         """Move a process (all its threads) into the cgroup, in every hierarchy."""
@@ -125,11 +129,18 @@ class RunCgroup:
             _write(p, str(pid))
 
     def _file(self, name: str) -> str | None:
-        for d in self.dirs:
-            p = os.path.join(d, name)
-            if os.path.exists(p):
-                return p
-        return None
+        """The interface file `name` ("memory.peak", ...) in the hierarchy of its controller
+        (no lookups: this is on every run's path). None when that controller is not here."""
+        if self.version == "v2" or not self.by_controller:
+            if self.version == "v2":
+                return os.path.join(self.dirs[0], name)
+            for d in self.dirs:  # a RunCgroup made without the mapping (the stale sweep)
+                p = os.path.join(d, name)
+                if os.path.exists(p):
+                    return p
+            return None
+        d = self.by_controller.get(name.split(".", 1)[0])
+        return os.path.join(d, name) if d else None
 
     def pids(self) -> list[int]:
         out: set[int] = set()
@@ -157,19 +168,19 @@ class RunCgroup:
                     s.cpu_user_s = cpu["user_usec"] / 1e6
                     s.cpu_sys_s = cpu.get("system_usec", 0) / 1e6
             else:
-                p = self._file("memory.max_usage_in_bytes")
-                if p:
-                    s.peak_memory = int(_read(p))
-                p = self._file("memory.oom_control")
-                if p:
-                    s.oom_kills = _kv(_read(p)).get("oom_kill", 0)
-                p = self._file("pids.events")
-                if p:
-                    s.pids_max_hit = _kv(_read(p)).get("max", 0) > 0
-                u, sy = self._file("cpuacct.usage_user"), self._file("cpuacct.usage_sys")
+                def text(name: str) -> str:
+                    p = self._file(name)
+                    return _read_opt(p) if p else ""
+
+                peak = text("memory.max_usage_in_bytes")
+                if peak:
+                    s.peak_memory = int(peak)
+                s.oom_kills = _kv(text("memory.oom_control")).get("oom_kill", 0)
+                s.pids_max_hit = _kv(text("pids.events")).get("max", 0) > 0
+                u, sy = text("cpuacct.usage_user"), text("cpuacct.usage_sys")
                 if u and sy:
-                    s.cpu_user_s = int(_read(u)) / 1e9
-                    s.cpu_sys_s = int(_read(sy)) / 1e9
+                    s.cpu_user_s = int(u) / 1e9
+                    s.cpu_sys_s = int(sy) / 1e9
         except (OSError, ValueError):
             pass
         return s
@@ -185,7 +196,9 @@ class RunCgroup:
                 except OSError:
                     pass
         # Frozen, nothing can fork between reading the pid list and the kills.
-        freezer = self._file("freezer.state") or self._file("cgroup.freeze")
+        freezer = self._file("cgroup.freeze" if self.version == "v2" else "freezer.state")
+        if freezer and not os.path.exists(freezer):
+            freezer = None
         frozen, thawed = ("1", "0") if freezer and freezer.endswith("cgroup.freeze") else ("FROZEN", "THAWED")
         if freezer:
             try:
@@ -209,6 +222,17 @@ class RunCgroup:
             time.sleep(0.001)
 
     def remove(self) -> None:
+        # Usually empty by now (the pid namespace died with its init): rmdir at once, and
+        # kill what is left only when the kernel says the cgroup is busy.
+        try:
+            for d in self.dirs:
+                try:
+                    os.rmdir(d)
+                except FileNotFoundError:
+                    pass
+            return
+        except OSError:
+            pass  # EBUSY: someone is still in there
         if self.pids():
             self.kill_all()
         for d in self.dirs:
@@ -243,6 +267,7 @@ class V1Backend(Backend):
 
     def __init__(self, mounts: dict[str, str]) -> None:
         self.mounts = mounts  # controller -> mount point (cpu and cpuacct may share one)
+        self.memsw: bool | None = None
 
     def create(self, limits: CgroupLimits) -> RunCgroup:
         name = _name()
@@ -253,13 +278,15 @@ class V1Backend(Backend):
                 d = os.path.join(base, name)
                 os.mkdir(d, 0o755)
                 dirs.append(d)
-            cg = RunCgroup("v1", dirs, [os.path.join(d, "cgroup.procs") for d in dirs])
+            cg = RunCgroup("v1", dirs, [os.path.join(d, "cgroup.procs") for d in dirs],
+                           {c: os.path.join(base, name) for c, base in wanted.items()})
             mem = cg._file("memory.limit_in_bytes")
             if limits.memory is not None and mem:
                 _write(mem, str(limits.memory))
-                sw = cg._file("memory.memsw.limit_in_bytes")
-                if sw:
-                    _write(sw, str(limits.memory))
+                if self.memsw is None:  # swap accounting is a boot option: look once
+                    self.memsw = os.path.exists(mem.replace("memory.limit_in", "memory.memsw.limit_in"))
+                if self.memsw:
+                    _write(mem.replace("memory.limit_in", "memory.memsw.limit_in"), str(limits.memory))
             pids = cg._file("pids.max")
             if limits.processes is not None:
                 if not pids:

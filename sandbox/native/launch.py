@@ -68,6 +68,8 @@ def _reap(pid: int) -> None:
 class NativeForker:
     """Spawns each run's stage; keeps prepared mount-namespace templates when long-lived."""
 
+    joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_name)
+
     def __init__(self, *, templates: bool) -> None:
         self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
         self._lock = threading.Lock()
@@ -123,9 +125,12 @@ class NativeForker:
         if path is None:
             raise ForkError("stage", 0, "the native stage is unavailable")
         template = self._template_for(plan)
-        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup))
+        tasks = (fds.cgroup_name, len(fds.cgroup)) if fds.cgroup_name else None
+        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks)
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
-        if fds.cgroup:
+        if tasks:
+            where.update({ops.TASKS_FD + i: fd for i, fd in enumerate(fds.cgroup)})
+        elif fds.cgroup:
             where[ops.CGROUP_FD] = fds.cgroup[0]
         if template >= 0:
             where[ops.TEMPLATE_FD] = template

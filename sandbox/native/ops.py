@@ -36,8 +36,9 @@ from ..isolation.syscalls import (
 from ..plan import RunPlan
 
 # Fixed fd numbers in the stage (see stage.c).
-CGROUP_FD = 6
+CGROUP_FD = 6  # the supervisor's "joined" message (v2)
 TEMPLATE_FD = 7
+TASKS_FD = 8  # and up: each v1 hierarchy's tasks file, which the stage writes itself into
 
 RLIMITS = {
     "cpu_time": resource.RLIMIT_CPU,
@@ -244,10 +245,18 @@ def supports(plan: RunPlan) -> bool:
     return not plan.nested_userns
 
 
-def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool) -> bytes:
+def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: tuple[str, int] | None = None) -> bytes:
+    """`cgroup`: wait for the supervisor's "joined" message; `tasks`: (the cgroup's name for
+    messages, how many hierarchies) to join by ourselves, before PID 1 exists."""
     p = Program(plan.extra.get("fail_step"))
     if plan.trace:
         p.op("R")
+    if tasks:
+        p.step("cgroup")
+        p.op("J", tasks[0], *range(TASKS_FD, TASKS_FD + tasks[1]))
+    if plan.pid_namespace:
+        p.step("pid_namespace")
+        p.op("C")
     p.step("session")
     p.op("s")
     p.op("n", "sandboxrun-init")
@@ -271,7 +280,7 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool) -> bytes:
     if plan.hostname:
         p.step("hostname")
         p.op("h", plan.hostname)
-    if cgroup:
+    if cgroup and not tasks:
         p.step("cgroup")
         p.op("g", CGROUP_FD)
     if plan.unshare_flags & CLONE_NEWCGROUP:

@@ -78,6 +78,7 @@ static struct timespec step_start;
 static int slots[MAX_SLOTS];
 static int run_uid = -1, run_gid = -1;
 static int landlock_rs = -1;
+static int error_fd = REPORT_FD;  /* the launch pipe until PID 1 exists */
 
 static void report(const char *fmt, ...) {
     char buf[4096];
@@ -100,10 +101,14 @@ static void fail(int err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (sub[0])
-        report("E %s:%s %d %s", step, sub, err, msg);
-    else
-        report("E %s %d %s", step, err, msg);
+    char line[2300];
+    int n = sub[0] ? snprintf(line, sizeof line, "E %s:%s %d %s", step, sub, err, msg)
+                   : snprintf(line, sizeof line, "E %s %d %s", step, err, msg);
+    if (n > (int)sizeof line - 2) n = sizeof line - 2;
+    for (int i = 0; i < n; i++)
+        if (line[i] == '\n') line[i] = ' ';
+    line[n++] = '\n';
+    (void)!write(error_fd, line, n);
     _exit(125);
 }
 
@@ -687,6 +692,30 @@ static void run(void) {
         case 'y': CHECK(ioctl(0, TIOCSCTTY, 0), "TIOCSCTTY"); break;
         case 'E': exec_command(&op); break;  /* never returns */
         case 'R': tracing = 1; break;
+        case 'J':  /* join the run's v1 cgroups: "0" to each hierarchy's tasks file moves this thread
+                      alone, which skips the global threadgroup lock a move of another process takes
+                      (a full RCU grace period, milliseconds, whenever it was idle) */
+            for (int i = 1; i < op.nargs; i++)
+                if (write(num(&op, i), "0", 1) < 0) {
+                    int e = errno;
+                    fail(e, "cannot move the sandbox into %s: %s", a0, strerror(e));
+                }
+            for (int i = 1; i < op.nargs; i++) close(num(&op, i));
+            break;
+        case 'C': {  /* PID 1 of a new pid namespace; CLONE_PARENT: the caller is its parent, so it
+                        reaps it and owns its pidfd. This first process says the pid and exits. */
+            pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
+            if (pid < 0) CHECK(-1, "cannot create a pid namespace");
+            if (pid > 0) {
+                char line[32];
+                int n = snprintf(line, sizeof line, "P %d\n", pid);
+                (void)!write(LAUNCH_FD, line, n);
+                _exit(0);
+            }
+            error_fd = REPORT_FD;
+            close(LAUNCH_FD);
+            break;
+        }
         case 'H': {  /* a template is built: say so, and hold the namespace until stdin closes */
             char c;
             report("R");
@@ -704,30 +733,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
     reset_signals();
     read_program();
-    int pidns = argv[0] && strcmp(argv[0], "sandboxrun-init") == 0;
-    if (pidns) {
-        /* CLONE_PARENT: PID 1 is the caller's child, so the caller reaps it and owns its pidfd. */
-        pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
-        if (pid < 0) {
-            int e = errno;
-            char line[256];
-            int n = snprintf(line, sizeof line, "E pid_namespace %d cannot create a pid namespace: [Errno %d] %s\n",
-                             e, e, strerror(e));
-            (void)!write(LAUNCH_FD, line, n);
-            _exit(125);
-        }
-        if (pid > 0) {
-            char line[32];
-            int n = snprintf(line, sizeof line, "P %d\n", pid);
-            (void)!write(LAUNCH_FD, line, n);
-            _exit(0);
-        }
+    if (argv[0] && strcmp(argv[0], "sandboxrun-init") == 0) {
+        error_fd = LAUNCH_FD;  /* the program's 'C' step makes PID 1 and says its pid */
     } else {
         char line[32];
         int n = snprintf(line, sizeof line, "P %d\n", getpid());
         (void)!write(LAUNCH_FD, line, n);
+        close(LAUNCH_FD);
     }
-    close(LAUNCH_FD);
     run();
     return 125;
 }
