@@ -20,11 +20,11 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, fields
 from typing import IO, Any
 
 from .errors import InputError, SandboxError
 from .profile import Profile, load
+from .record import field, fields, record
 from .result import Result
 
 # What a request may carry besides the command: sandbox.run's own arguments and its
@@ -38,7 +38,7 @@ REQUEST_KEYS = frozenset(RUN_KEYS + OVERRIDE_KEYS)
 WINDOW_PER_WORKER = 4  # ordered mode: results held while an earlier request is still running
 
 
-@dataclass
+@record
 class BatchRequest:
     """One request; a dict with the same keys works as well."""
 
@@ -53,7 +53,7 @@ class BatchRequest:
     overrides: dict[str, Any] = field(default_factory=dict)  # memory, output, network, ...
 
 
-@dataclass
+@record
 class BatchResult(Result):
     """A Result that also carries the request's id."""
 
@@ -64,7 +64,7 @@ class BatchResult(Result):
         return {"id": d.pop("id"), **d}
 
 
-@dataclass
+@record
 class BatchError:
     """A request that could not be run; it takes the request's place in the output."""
 

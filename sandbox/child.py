@@ -61,6 +61,9 @@ def preload() -> None:
             importlib.import_module(f"sandbox.{mod}")
         except ImportError:
             pass  # the child reports it as a setup error at the step that needs it
+    from .isolation import syscalls
+
+    syscalls._c()  # ctypes and libc, loaded lazily elsewhere
 
 
 class StepError(Exception):

@@ -29,11 +29,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputError, ProfileError
 from .profile import Profile
+from .record import record
 from .result import Result
 
 SCRIPT_DIR = "/sandbox/script"  # where the script appears inside
@@ -83,7 +83,7 @@ sys.__stdout__.buffer.flush()
 """
 
 
-@dataclass
+@record
 class PythonResult(Result):
     """A Result plus what a function or statement returned."""
 
@@ -249,7 +249,7 @@ def run_python(
         res = run(argv, profile=prof, ro_bind=[*binds, f"{copy}:{target}"], **kw)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = PythonResult(**{k: getattr(res, k) for k in Result.__dataclass_fields__})
+    out = PythonResult(**{k: getattr(res, k) for k in Result.__record_names__})
     if function is not None or statement is not None:
         _take_return(out, token)
         out.command = _shown(argv)
@@ -273,7 +273,7 @@ def run_code(source: str, args: Sequence[str] = (), *, profile: str | Profile = 
     if reason:
         return _blocked(argv, prof, reason, started)
     res = run(argv, profile=prof, **kw)
-    return PythonResult(**{k: getattr(res, k) for k in Result.__dataclass_fields__})
+    return PythonResult(**{k: getattr(res, k) for k in Result.__record_names__})
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -17,7 +17,6 @@ here, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno as E
 import json
 import os
@@ -27,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import __version__
+from . import record as records
 from .profile import Profile, builtin_names, load
 
 # ---------------------------------------------------------------------------- host facts
@@ -182,11 +182,11 @@ def _probe_profiles(rootless: bool) -> dict[str, Profile]:
     # Rootless, uid separation itself needs a user namespace, and the core creates one only
     # when some namespace is asked for: the base carries the cheapest one (uts).
     base_ns: tuple[str, ...] = ("uts",) if rootless else ()
-    base = dataclasses.replace(strict, name="doctor-base", namespaces=base_ns, view="host", network="host",
+    base = records.replace(strict, name="doctor-base", namespaces=base_ns, view="host", network="host",
                                mounts=(), cgroup="off", seccomp="off", landlock="off", blocklist=False)
 
     def with_(name: str, **kw: Any) -> Profile:
-        return dataclasses.replace(base, name=f"doctor-{name}", **kw)
+        return records.replace(base, name=f"doctor-{name}", **kw)
 
     def ns(*extra: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys(base_ns + extra))

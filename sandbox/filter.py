@@ -46,7 +46,8 @@ import fnmatch
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from .record import record
 
 __all__ = ["MAX_COMMAND_LEN", "MAX_TOKENS", "Verdict", "check"]
 
@@ -56,7 +57,7 @@ _MAX_DEPTH = 8  # nested `sh -c` / `eval` payloads inspected before giving up wi
 _SNIPPET = 120  # characters of the offending command quoted in a reason
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Verdict:
     """The filter's answer: allowed, or the rule that blocked and why."""
 

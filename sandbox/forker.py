@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import sys
 import threading
-from dataclasses import dataclass
 
 from .isolation.syscalls import CLONE_NEWPID, setns, unshare
 from .plan import RunPlan
+from .record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
 
 
-@dataclass
+@record
 class ChildFds:
     """The child's stdin/stdout/stderr, report pipe and cgroup sync pipe (or, with
     `cgroup_name`, the tasks files of the v1 cgroup the child joins by itself)."""
@@ -142,6 +145,8 @@ class _ForkSide:
 def _make_template(plan: RunPlan) -> int:
     """Fork a helper that builds the view's static part in a new mount namespace; keep an
     fd to that namespace (it lives as long as the fd) and let the helper go."""
+    import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
+
     from .isolation.filesystem import build_template
     from .isolation.syscalls import CLONE_NEWNS
 
@@ -190,7 +195,7 @@ def host_pid(pidfd: int) -> int:
     return -1
 
 
-@dataclass
+@record
 class Launched:
     """A started child: its pid (in our pid namespace) and a pidfd."""
 
@@ -236,6 +241,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _send_msg(sock: socket.socket, obj: object, fds: list[int]) -> None:
     import pickle
+    import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
 
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     socket.send_fds(sock, [_HDR.pack(len(payload))], fds)
@@ -243,6 +249,8 @@ def _send_msg(sock: socket.socket, obj: object, fds: list[int]) -> None:
 
 
 def _recv_msg(sock: socket.socket, maxfds: int) -> tuple[object, list[int]]:
+    import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
+
     hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, maxfds)
     if not hdr:
         raise EOFError
@@ -256,6 +264,8 @@ def _recv_msg(sock: socket.socket, maxfds: int) -> tuple[object, list[int]]:
 
 def serve(fd: int) -> None:
     """The fork server's loop: one request, one fork, one reply; reap children."""
+    import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
+
     sock = socket.socket(fileno=fd)
     side = _ForkSide(own_pid_namespace=True)
     import gc
@@ -337,6 +347,7 @@ class ServerForker:
         self._owner = 0
 
     def _start(self) -> socket.socket:
+        import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
         import subprocess
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,8 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+
+from .record import asdict, field, record
 
 NAME = "sandboxrun"
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -99,7 +100,7 @@ def runner_mounts(pid: int | str = "self") -> list[str]:
 # ----------------------------------------------------------------------------- processes
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Proc:
     pid: int
     ppid: int
@@ -286,7 +287,7 @@ def state_entries() -> list[str]:
 INFO_ONLY = frozenset({"all_cgroups", "all_sandbox_inits", "zombies"})
 
 
-@dataclass
+@record
 class Snapshot:
     """Counters at one moment. `owner` is the supervisor audited (this process by default).
 

@@ -21,11 +21,11 @@ import math
 import os
 import shlex
 import sys
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import EXIT_USAGE, InputError, ProfileError, SandboxError
 from .profile import Profile
+from .record import asdict, field, record
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 120.0
@@ -57,7 +57,7 @@ class PayloadError(InputError):
         return {"error": {"field": self.field, "message": self.message}}
 
 
-@dataclass
+@record
 class PayloadRequest:
     """A payload, validated and normalised."""
 

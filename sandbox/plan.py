@@ -6,12 +6,11 @@ into ordered steps. The child never reads profiles or the caller's environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .isolation.filesystem import ViewSpec
+from .record import field, record
 
 
-@dataclass
+@record
 class RunPlan:
     """What the child does, resolved by the supervisor."""
 

@@ -8,12 +8,12 @@ parent's, scalars replace. Every error names the file, the key and the value.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import record as records
 from .errors import ProfileError
+from .record import field, record
 from .units import format_size, parse_duration, parse_size
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
@@ -49,7 +49,7 @@ _APPEND_LISTS = {("filesystem", "ro_bind"), ("filesystem", "ro_bind_try"), ("fil
                  ("process", "env_passthrough"), ("filter", "block"), ("filter", "allow"), ("filter", "scan")}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mount:
     """A bind mount: a host path seen at a path inside the sandbox."""
 
@@ -59,7 +59,7 @@ class Mount:
     optional: bool = False  # skipped when the source does not exist
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     """Resource limits of a run (bytes, seconds, counts; None is unlimited)."""
 
@@ -81,7 +81,7 @@ class Limits:
     max_timeout: float | None = None  # cap on a caller's timeout
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Profile:
     """A validated isolation profile: what a run may do."""
 
@@ -106,7 +106,7 @@ class Profile:
     scan: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = records.asdict(self)
         d["env"] = dict(self.env)
         lim = d["limits"]
         for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size",
@@ -424,7 +424,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
         if not limits.allow_no_timeout:
             raise ProfileError("a run without a wall timeout needs limits.allow_no_timeout = true",
                                source=source, key="limits.timeout", value=lim.get("timeout"))
-        limits = dataclasses.replace(limits, timeout=None)
+        limits = records.replace(limits, timeout=None)
     check_limits(limits, source, lim)
 
     fs = values.get("filesystem", {})
@@ -544,7 +544,7 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                     v = None
                 elif limits.max_timeout is not None and v > limits.max_timeout:
                     raise err(f"exceeds the profile's max_timeout of {limits.max_timeout:g}s")
-            limits = dataclasses.replace(limits, **{key: v})
+            limits = records.replace(limits, **{key: v})
             check_limits(limits, src, {key: value})
         elif key in ("ro_bind", "bind"):
             if not isinstance(value, (str, list, tuple)):
@@ -576,4 +576,4 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
-    return dataclasses.replace(profile, limits=limits, **changes)
+    return records.replace(profile, limits=limits, **changes)

@@ -8,7 +8,7 @@ that was actually applied.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from .record import asdict, field, record
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ STATUSES = (
 )
 
 
-@dataclass
+@record
 class Usage:
     """Resources the run used."""
 
@@ -42,7 +42,7 @@ class Usage:
     pids_limit_hit: bool = False
 
 
-@dataclass
+@record
 class Isolation:
     """What was really applied (never what was merely asked for)."""
 
@@ -60,7 +60,7 @@ class Isolation:
     limits: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class Result:
     """The structured result of one run (see result.schema.json)."""
 
@@ -108,5 +108,5 @@ class Result:
         d = dict(d)
         d["usage"] = Usage(**d.get("usage", {}))
         d["isolation"] = Isolation(**d.get("isolation", {}))
-        known = cls.__dataclass_fields__
+        known = cls.__record_names__
         return cls(**{k: v for k, v in d.items() if k in known})

@@ -25,7 +25,6 @@ Result (the sandbox died with it: its init has PR_SET_PDEATHSIG(SIGKILL)).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import errno
 import fcntl
 import json
@@ -41,10 +40,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from . import record as records
 from .errors import EXIT_SANDBOX, InputError, SandboxError
+from .record import record
 from .result import Result
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
@@ -271,13 +271,13 @@ def _incomplete_utf8(data: bytes) -> int:
 
 
 def profile_to_json(prof: Any) -> dict[str, Any]:
-    return dataclasses.asdict(prof)
+    return records.asdict(prof)
 
 
 def profile_from_json(d: Mapping[str, Any]) -> Any:
     from .profile import Limits, Mount, Profile
 
-    known = {f.name for f in dataclasses.fields(Profile)}
+    known = {f.name for f in records.fields(Profile)}
     out: dict[str, Any] = {}
     for k, v in d.items():
         if k not in known:
@@ -329,7 +329,7 @@ def key_bytes(key: str, literal: bool = False) -> bytes:
 # ---------------------------------------------------------------------------- sessions
 
 
-@dataclass
+@record
 class PollResult:
     id: str
     state: str
@@ -340,12 +340,12 @@ class PollResult:
     result: Result | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = records.asdict(self)
         d["result"] = self.result.to_dict() if self.result else None
         return d
 
 
-@dataclass
+@record
 class LogPage:
     id: str
     stream: str
@@ -355,7 +355,7 @@ class LogPage:
     dropped_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return records.asdict(self)
 
     def hint(self) -> str | None:
         end = self.offset + len(self.lines)
@@ -822,7 +822,7 @@ def _check_name(name: Any) -> str:
     return name
 
 
-@dataclass
+@record
 class _Prepared:
     profile: Any
     argv: list[str]

@@ -18,7 +18,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from . import profile as profiles
 from .errors import InputError
@@ -29,6 +28,7 @@ from .isolation.syscalls import NAMESPACE_FLAGS
 from .output import Capture
 from .plan import RunPlan
 from .profile import Profile
+from .record import field, record
 from .result import Isolation, Result, Usage
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
@@ -99,7 +99,7 @@ def _forker(plan: RunPlan) -> Any:
 # ---------------------------------------------------------------------------- request
 
 
-@dataclass
+@record
 class Request:
     """One run, prepared: argv, profile, workdir, environment, streams."""
 
@@ -538,7 +538,7 @@ def execute(req: Request) -> Result:
             work.cleanup()
 
 
-@dataclass
+@record
 class _Report:
     """What the child said on the report pipe."""
 

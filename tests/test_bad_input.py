@@ -10,7 +10,6 @@ when fixed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -21,13 +20,14 @@ from typing import Any
 import pytest
 
 import sandbox
+from sandbox import record as records
 from sandbox.errors import ProfileError, SandboxError
 from sandbox.profile import load
 from sandbox.supervisor import ARG_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = "x" * (ARG_MAX + 1)
-NO_FILTER = dataclasses.replace(load("strict"), blocklist=False)
+NO_FILTER = records.replace(load("strict"), blocklist=False)
 
 
 def bug(reason: str) -> pytest.MarkDecorator:

@@ -448,9 +448,8 @@ def test_runs_leave_no_cgroups(isolated: object) -> None:
 
 
 def test_required_cgroup_unavailable_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
-
     import sandbox
+    from sandbox import record as records
     from sandbox.profile import load
 
     def unavailable() -> cgroups.Backend:
@@ -462,7 +461,7 @@ def test_required_cgroup_unavailable_is_a_setup_error(monkeypatch: pytest.Monkey
     assert "delegation" in (r.error or "") and "[Errno" not in (r.error or "")
     assert r.pid is None  # nothing ran
     # An explicitly weaker profile runs, and says the cgroup is missing and why.
-    weaker = dataclasses.replace(load("strict"), cgroup="optional")
+    weaker = records.replace(load("strict"), cgroup="optional")
     r = sandbox.run(["/bin/true"], profile=weaker)
     if r.status == "setup_error" and r.error_step != "cgroup":
         pytest.skip(f"sandbox unavailable here: {r.error}")

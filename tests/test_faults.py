@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from conftest import marker
 
 import sandbox
 from sandbox import leaks
+from sandbox import record as records
 from sandbox.isolation import cgroups
 from sandbox.profile import load, with_overrides
 
@@ -299,7 +299,7 @@ def test_unsatisfiable_rlimit_fails_at_the_rlimits_step_or_is_refused(no_leftove
 def test_workdir_outside_the_view_fails_at_the_filesystem_step(no_leftovers, tmp_path) -> None:
     """The workdir mount point cannot be created: a profile whose workdir sits under a
     read-only bind (/usr) inside the sandbox."""
-    prof = dataclasses.replace(load("strict"), workdir="/usr/sbx-no-such-dir")
+    prof = records.replace(load("strict"), workdir="/usr/sbx-no-such-dir")
     r = sandbox.run(["/bin/true"], profile=prof, cwd=str(tmp_path))
     assert r.status == "setup_error" and (r.error_step or "").startswith("filesystem"), r
 

@@ -28,6 +28,7 @@ from conftest import marker
 
 import sandbox
 from sandbox import leaks
+from sandbox import record as records
 from sandbox.profile import Mount, load
 
 RSS_SLACK = 20 * 2**20
@@ -57,7 +58,7 @@ class Kind:
 def _broken_profile() -> sandbox.Profile:
     """Validated, then unsatisfiable: a bind whose source is gone by the time the child mounts it."""
     p = load("strict")
-    return dataclasses.replace(p, mounts=(*p.mounts, Mount("/nonexistent-sandboxrun-soak", "/data")))
+    return records.replace(p, mounts=(*p.mounts, Mount("/nonexistent-sandboxrun-soak", "/data")))
 
 
 BROKEN = _broken_profile()

@@ -19,7 +19,8 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+
+from ..record import field, record
 
 ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
@@ -36,7 +37,7 @@ class CgroupUnavailable(OSError):
         return str(self.strerror)
 
 
-@dataclass
+@record
 class CgroupLimits:
     """What a run's cgroup limits."""
 
@@ -47,7 +48,7 @@ class CgroupLimits:
     freezer: bool = True
 
 
-@dataclass
+@record
 class CgroupStats:
     """What a run's cgroup saw: peak memory, OOM kills, pids limit, CPU."""
 
@@ -114,7 +115,7 @@ def _rmdir_retry(path: str, tries: int = 50) -> None:
             time.sleep(0.002 * (i + 1))
 
 
-@dataclass
+@record
 class RunCgroup:
     """One run's cgroup: a directory per hierarchy (v1) or one (v2)."""
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ..record import record
 from .syscalls import (
     CLONE_NEWNS,
     MNT_DETACH,
@@ -52,7 +52,7 @@ PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BindSpec:
     """One bind of the view, as the child applies it."""
 
@@ -62,7 +62,7 @@ class BindSpec:
     optional: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ViewSpec:
     """Everything the child needs to build the filesystem view."""
 

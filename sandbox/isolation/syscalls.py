@@ -6,10 +6,11 @@ kernel's errno so the child can report `step + errno` to the supervisor.
 
 from __future__ import annotations
 
-import ctypes
 import os
 
-_libc = ctypes.CDLL(None, use_errno=True)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -48,15 +49,28 @@ AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
-_libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-_libc.unshare.argtypes = (ctypes.c_int,)
-_libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+_lib: tuple[object, ModuleType] | None = None
+
+
+def _c() -> tuple[object, ModuleType]:
+    """(libc, ctypes), loaded on first use: ctypes costs ~3.5 ms to import, and a run through
+    the native stage never needs it. (The Python child's preload calls this before any fork.)"""
+    global _lib
+    if _lib is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+        libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        libc.unshare.argtypes = (ctypes.c_int,)
+        libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+        _lib = (libc, ctypes)
+    return _lib
 
 
 def _check(ret: int, what: str) -> None:
     if ret != 0:
-        err = ctypes.get_errno()
+        err = _c()[1].get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
@@ -65,30 +79,31 @@ def _b(s: str | None) -> bytes | None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
+    _check(_c()[0].mount(_b(source), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
 
 
 def umount2(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(_b(target), flags), f"umount {target}")
+    _check(_c()[0].umount2(_b(target), flags), f"umount {target}")
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
-    _check(_libc.syscall(_SYS_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
+    _check(_c()[0].syscall(_SYS_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
 
 
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(flags), "unshare")
+    _check(_c()[0].unshare(flags), "unshare")
 
 
 def setns(fd: int, nstype: int = 0) -> None:
-    _check(_libc.setns(fd, nstype), "setns")
+    _check(_c()[0].setns(fd, nstype), "setns")
 
 
 def open_tree(path: str) -> int:
     """A detached copy of the mount at `path` (OPEN_TREE_CLONE), attachable in another
     mount namespace with move_mount. Returns a close-on-exec fd."""
-    fd = _libc.syscall(_SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), _b(path),
-                       ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC))
+    libc, ctypes = _c()
+    fd = libc.syscall(_SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), _b(path),  # type: ignore[attr-defined]
+                      ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"open_tree {path}: {os.strerror(err)}")
@@ -99,18 +114,20 @@ _SYS_MOUNT_SETATTR = 442
 MOUNT_ATTR_IDMAP = 0x00100000
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-
 def idmap_tree(tree_fd: int, userns_fd: int) -> None:
     """Make a detached mount (open_tree clone) show ids through a user namespace's maps."""
+    libc, ctypes = _c()
+
+    class _MountAttr(ctypes.Structure):
+        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
     attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
-    _check(_libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(tree_fd), b"", ctypes.c_uint(AT_EMPTY_PATH),
+    _check(libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(tree_fd), b"", ctypes.c_uint(AT_EMPTY_PATH),
                          ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr(idmap)")
 
 
 def move_mount(fd: int, target: str) -> None:
-    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD), _b(target),
+    libc, ctypes = _c()
+    _check(libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD), _b(target),
                          ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stage.c")
 
@@ -43,6 +42,8 @@ def _trusted(fd: int, name: str) -> bool:
 
 
 def _compile(dfd: int, name: str, cache: str) -> None:
+    import subprocess
+
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     out = os.path.join(cache, tmp)
     cc = os.environ.get("CC", "cc")
@@ -55,7 +56,8 @@ def _compile(dfd: int, name: str, cache: str) -> None:
                 os.chmod(out, 0o700)
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 return
-            errors = r.stderr.strip().splitlines()[-1:] and r.stderr.strip().splitlines()[-1] or f"exit {r.returncode}"
+            lines = r.stderr.strip().splitlines()
+            errors = lines[-1] if lines else f"exit {r.returncode}"
     except (OSError, subprocess.SubprocessError) as e:
         errors = str(e)
     finally:
