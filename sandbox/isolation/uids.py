@@ -19,6 +19,7 @@ LOCK_FILE = os.environ.get("SANDBOXRUN_UID_LOCK", "/run/sandboxrun/uids.lock")
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 _in_use: set[int] = set()
+_START = int.from_bytes(os.urandom(4), "little") % COUNT  # (random costs 2 ms to import)
 _mutex = threading.Lock()
 
 
@@ -41,7 +42,10 @@ class Lease:
 def allocate() -> Lease:
     os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    start = int.from_bytes(os.urandom(4), "little") % COUNT  # (random costs 2 ms to import)
+    # Each process scans from its own random slot (so processes rarely contend for a lock) and
+    # takes the first free one: a process running one command at a time keeps reusing the same
+    # uid, whose compiled setup steps are then cached (native/ops.py).
+    start = _START
     for i in range(COUNT):
         slot = (start + i) % COUNT
         uid = BASE + slot

@@ -125,7 +125,7 @@ class NativeForker:
         if path is None:
             raise ForkError("stage", 0, "the native stage is unavailable")
         template = self._template_for(plan)
-        tasks = (fds.cgroup_name, len(fds.cgroup)) if fds.cgroup_name else None
+        tasks = len(fds.cgroup) if fds.cgroup_name else 0
         program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks)
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
         if tasks:

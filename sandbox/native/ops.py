@@ -245,15 +245,47 @@ def supports(plan: RunPlan) -> bool:
     return not plan.nested_userns
 
 
-def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: tuple[str, int] | None = None) -> bytes:
-    """`cgroup`: wait for the supervisor's "joined" message; `tasks`: (the cgroup's name for
-    messages, how many hierarchies) to join by ourselves, before PID 1 exists."""
+_compiled: dict[tuple[object, ...], bytes] = {}
+
+
+def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0) -> bytes:
+    """`cgroup`: wait for the supervisor's "joined" message; `tasks`: how many v1 hierarchies
+    to join by ourselves (their tasks files at TASKS_FD...), before PID 1 exists.
+
+    Every step but the last depends only on the profile, the run's uid and the workdir,
+    which repeat from run to run: that part is compiled once per combination (a full
+    build is not cached: it looks at the host's bind sources each time)."""
+    key = None
+    if template:
+        key = (plan.view, plan.extra.get("fallback_ids"), plan.extra.get("fail_step"), plan.unshare_flags,
+               plan.pid_namespace, plan.cwd, plan.loopback, plan.hostname, plan.rlimits, plan.uid, plan.gid,
+               plan.landlock, plan.landlock_ro, plan.landlock_rw, plan.seccomp_bpf, plan.trace, plan.pty,
+               cgroup, tasks)
+        steps = _compiled.get(key)
+        if steps is not None:
+            return steps + _exec(plan)
+    steps = _steps(plan, template=template, cgroup=cgroup, tasks=tasks)
+    if key is not None:
+        if len(_compiled) >= 256:
+            _compiled.clear()
+        _compiled[key] = steps
+    return steps + _exec(plan)
+
+
+def _exec(plan: RunPlan) -> bytes:
+    p = Program()
+    env = [f"{k}={v}" for k, v in plan.env.items()]
+    p.op("E", plan.pty, _nul(plan.argv), _nul(env), plan.env.get("PATH", "/usr/bin:/bin"))
+    return p.bytes()
+
+
+def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int) -> bytes:
     p = Program(plan.extra.get("fail_step"))
     if plan.trace:
         p.op("R")
     if tasks:
         p.step("cgroup")
-        p.op("J", tasks[0], *range(TASKS_FD, TASKS_FD + tasks[1]))
+        p.op("J", "the run's cgroup", *range(TASKS_FD, TASKS_FD + tasks))
     if plan.pid_namespace:
         p.step("pid_namespace")
         p.op("C")
@@ -314,6 +346,4 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: tuple[st
     p.step("exec")
     if plan.pty:
         p.op("y")
-    env = [f"{k}={v}" for k, v in plan.env.items()]
-    p.op("E", plan.pty, _nul(plan.argv), _nul(env), plan.env.get("PATH", "/usr/bin:/bin"))
     return p.bytes()
