@@ -46,6 +46,7 @@ class ChildFds:
     report: int
     cgroup: list[int]
     cgroup_name: str = ""
+    netns: int = -1  # a ready network namespace to enter instead of making one (native stage)
 
     def all(self) -> list[int]:
         return [self.stdin, self.stdout, self.stderr, self.report, *self.cgroup]

@@ -37,11 +37,12 @@ def _proc(pid: int | str, name: str) -> str:
 
 
 def template_fds() -> set[int]:
-    """This process's prepared mount-namespace templates (a bounded cache that persists
-    between runs by design, like the fork server)."""
+    """This process's prepared mount-namespace templates and ready network namespaces
+    (bounded caches that persist between runs by design, like the fork server)."""
     sup = sys.modules.get("sandbox.supervisor")
     forker = getattr(sup, "_native", None)
-    return set((getattr(forker, "templates", None) or {}).values())
+    ready = getattr(forker, "netns", None)
+    return set((getattr(forker, "templates", None) or {}).values()) | set(ready.fds() if ready else ())
 
 
 def open_fds(pid: int | str = "self") -> int:

@@ -87,13 +87,26 @@ def _key(self: Any) -> tuple[Any, ...]:
 
 
 def _eq(self: Any, other: object) -> bool:
+    if other is self:
+        return True
     if other.__class__ is not self.__class__:
         return NotImplemented
     return _key(self) == _key(other)
 
 
 def _hash(self: Any) -> int:
-    return hash(_key(self))
+    # Frozen: computed once (records used as cache keys are hashed on every run).
+    h = self.__dict__.get("_record_hash")
+    if h is None:
+        h = hash(_key(self))
+        object.__setattr__(self, "_record_hash", h)
+    return h  # type: ignore[no-any-return]
+
+
+def _getstate(self: Any) -> dict[str, Any]:
+    state = dict(self.__dict__)
+    state.pop("_record_hash", None)  # string hashes differ from process to process
+    return state
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
@@ -131,6 +144,7 @@ def _make(cls: type[T], frozen: bool) -> type[T]:
         cls.__hash__ = _hash  # type: ignore[assignment]
         cls.__setattr__ = _frozen_setattr  # type: ignore[assignment]
         cls.__delattr__ = _frozen_delattr  # type: ignore[assignment]
+        cls.__getstate__ = _getstate  # type: ignore[attr-defined]
     else:
         cls.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
     return cls

@@ -486,9 +486,13 @@ def execute(req: Request) -> Result:
             sync_r, sync_w = _pipe()
             opened += [sync_r, sync_w]
             cg_fds = [sync_r]
+        ready = getattr(forker, "netns", None)
+        netns = ready.take() if ready is not None and plan.loopback else -1
+        if netns >= 0:
+            opened.append(netns)
         try:
             launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds,
-                                                   cg.dirs[0] if self_join and cg else ""))
+                                                   cg.dirs[0] if self_join and cg else "", netns))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.
@@ -498,6 +502,11 @@ def execute(req: Request) -> Result:
         if cg is not None and not self_join:
             _join_cgroup(cg, launched.pid, sync_w)
             opened.remove(sync_w)
+        if netns >= 0:
+            os.close(netns)  # the child holds it now
+            opened.remove(netns)
+        if ready is not None and plan.loopback:
+            ready.refill()  # for the next run, while this one's child sets itself up
         if req.pty_master is not None:
             os.close(out_r)  # the terminal carries both streams
             opened.remove(out_r)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Sequence
 
 from ..record import record
@@ -328,6 +329,25 @@ def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
     None when this view cannot use a template."""
     if not spec.workdir_fixed:
         return None
+    now = time.monotonic()
+    seen = _template_keys.get(spec.binds)
+    if seen is not None and now - seen[1] < TEMPLATE_RECHECK_S:
+        ids = seen[0]
+    else:
+        ids = _source_ids(spec)
+        if len(_template_keys) >= 64:
+            _template_keys.clear()
+        _template_keys[spec.binds] = (ids, now)
+    return (spec.binds, spec.hostname, spec.workdir, ids)
+
+
+# A replaced bind source is noticed within this long (lstat of every source on every run
+# would cost each run ~15 syscalls).
+TEMPLATE_RECHECK_S = 1.0
+_template_keys: dict[object, tuple[tuple[object, ...], float]] = {}
+
+
+def _source_ids(spec: ViewSpec) -> tuple[object, ...]:
     ids = []
     for b in spec.binds:
         try:
@@ -335,8 +355,18 @@ def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
             ids.append((st.st_dev, st.st_ino, st.st_mode))
         except OSError:
             ids.append(None)
-    return (spec.binds, spec.hostname, spec.workdir, tuple(ids))
+    return tuple(ids)
+
+
+_binds: dict[object, tuple[BindSpec, ...]] = {}
 
 
 def view_binds(mounts: Sequence[object]) -> tuple[BindSpec, ...]:
-    return tuple(BindSpec(m.source, m.target, m.writable, m.optional) for m in mounts)  # type: ignore[attr-defined]
+    """The profile's mounts as binds; the same tuple each time (it is part of cache keys)."""
+    binds = _binds.get(mounts)
+    if binds is None:
+        binds = tuple(BindSpec(m.source, m.target, m.writable, m.optional) for m in mounts)  # type: ignore[attr-defined]
+        if len(_binds) >= 64:
+            _binds.clear()
+        _binds[mounts] = binds
+    return binds

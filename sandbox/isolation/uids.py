@@ -40,8 +40,11 @@ class Lease:
 
 
 def allocate() -> Lease:
-    os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
-    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
+        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     # Each process scans from its own random slot (so processes rarely contend for a lock) and
     # takes the first free one: a process running one command at a time keeps reusing the same
     # uid, whose compiled setup steps are then cached (native/ops.py).

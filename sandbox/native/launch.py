@@ -12,6 +12,7 @@ import os
 import threading
 
 from ..forker import ChildFds, ForkError, Launched
+from ..isolation.network import ReadyNamespaces
 from ..plan import RunPlan
 from . import ops, stage_path
 
@@ -73,6 +74,8 @@ class NativeForker:
     def __init__(self, *, templates: bool) -> None:
         self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
         self._lock = threading.Lock()
+        # Network namespaces made ahead (long-lived callers only, like the templates).
+        self.netns: ReadyNamespaces | None = ReadyNamespaces() if templates else None
 
     def _template_for(self, plan: RunPlan) -> int:
         if self.templates is None or plan.view is None or os.environ.get("SANDBOXRUN_NO_TEMPLATE") == "1":
@@ -126,8 +129,11 @@ class NativeForker:
             raise ForkError("stage", 0, "the native stage is unavailable")
         template = self._template_for(plan)
         tasks = len(fds.cgroup) if fds.cgroup_name else 0
-        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks)
+        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
+                                   netns=fds.netns >= 0 and plan.loopback)
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
+        if fds.netns >= 0 and plan.loopback:
+            where[ops.NETNS_FD] = fds.netns
         if tasks:
             where.update({ops.TASKS_FD + i: fd for i, fd in enumerate(fds.cgroup)})
         elif fds.cgroup:

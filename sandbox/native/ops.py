@@ -23,6 +23,7 @@ from ..isolation.filesystem import (
 )
 from ..isolation.syscalls import (
     CLONE_NEWCGROUP,
+    CLONE_NEWNET,
     CLONE_NEWNS,
     MS_BIND,
     MS_NODEV,
@@ -39,6 +40,7 @@ from ..plan import RunPlan
 CGROUP_FD = 6  # the supervisor's "joined" message (v2)
 TEMPLATE_FD = 7
 TASKS_FD = 8  # and up: each v1 hierarchy's tasks file, which the stage writes itself into
+NETNS_FD = 16  # a ready network namespace (isolation/network.py: ReadyNamespaces)
 
 RLIMITS = {
     "cpu_time": resource.RLIMIT_CPU,
@@ -248,9 +250,10 @@ def supports(plan: RunPlan) -> bool:
 _compiled: dict[tuple[object, ...], bytes] = {}
 
 
-def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0) -> bytes:
+def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0, netns: bool = False) -> bytes:
     """`cgroup`: wait for the supervisor's "joined" message; `tasks`: how many v1 hierarchies
-    to join by ourselves (their tasks files at TASKS_FD...), before PID 1 exists.
+    to join by ourselves (their tasks files at TASKS_FD...), before PID 1 exists; `netns`:
+    enter the ready network namespace at NETNS_FD instead of making one.
 
     Every step but the last depends only on the profile, the run's uid and the workdir,
     which repeat from run to run: that part is compiled once per combination (a full
@@ -260,11 +263,11 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0)
         key = (plan.view, plan.extra.get("fallback_ids"), plan.extra.get("fail_step"), plan.unshare_flags,
                plan.pid_namespace, plan.cwd, plan.loopback, plan.hostname, plan.rlimits, plan.uid, plan.gid,
                plan.landlock, plan.landlock_ro, plan.landlock_rw, plan.seccomp_bpf, plan.trace, plan.pty,
-               cgroup, tasks)
+               cgroup, tasks, netns)
         steps = _compiled.get(key)
         if steps is not None:
             return steps + _exec(plan)
-    steps = _steps(plan, template=template, cgroup=cgroup, tasks=tasks)
+    steps = _steps(plan, template=template, cgroup=cgroup, tasks=tasks, netns=netns)
     if key is not None:
         if len(_compiled) >= 256:
             _compiled.clear()
@@ -279,7 +282,7 @@ def _exec(plan: RunPlan) -> bytes:
     return p.bytes()
 
 
-def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int) -> bytes:
+def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bool) -> bytes:
     p = Program(plan.extra.get("fail_step"))
     if plan.trace:
         p.op("R")
@@ -298,6 +301,8 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int) -> bytes:
     now = plan.unshare_flags & ~CLONE_NEWCGROUP
     if template:
         now &= ~CLONE_NEWNS  # made from the template
+    if netns:
+        now &= ~CLONE_NEWNET  # entered at the network step
     if now:
         p.op("u", now)
     if plan.view is not None:
@@ -308,7 +313,10 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int) -> bytes:
         p.op("c", plan.cwd)
     if plan.loopback:
         p.step("network")
-        p.op("N")
+        if netns:
+            p.op("e", NETNS_FD, CLONE_NEWNET)  # fresh, loopback already up
+        else:
+            p.op("N")
     if plan.hostname:
         p.step("hostname")
         p.op("h", plan.hostname)
