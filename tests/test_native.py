@@ -1,0 +1,107 @@
+"""The native stage (sandbox/native): same layers as the Python child, in the same order.
+
+Root runs go through the stage; these tests also run the Python child (SANDBOXRUN_NATIVE=0)
+on the same probes, so neither path can drift from the other unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+
+import pytest
+
+import sandbox
+from sandbox import native
+from sandbox.native import ops
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or native.unavailable() is not None,
+                                reason="the native stage runs for root callers, once built")
+
+PROBE = ("grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; id -u; hostname; "
+         "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'; "
+         "test -e /etc/shadow && echo shadow || echo no-shadow; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    r = sandbox.run(["sh", "-c", PROBE])
+    assert r.status == "ok", r
+    lines = r.stdout.split()
+    uid = lines.index(str(r.isolation.uid))
+    return [*lines[:uid], "<uid>", *lines[uid + 1:]]
+
+
+def test_native_and_python_child_apply_the_same_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    native_view, python_view = _probe(monkeypatch, "native"), _probe(monkeypatch, "python")
+    assert native_view == python_view
+    joined = " ".join(native_view)
+    assert "CapEff: 0000000000000000" in joined and "CapBnd: 0000000000000000" in joined
+    assert "NoNewPrivs: 1" in joined and "Seccomp: 2" in joined
+    assert "sandboxrun-init" in joined and "no-shadow" in joined and native_view[-1] == "lo"
+
+
+def test_native_stage_is_what_root_runs_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.native.launch import NativeForker
+
+    spawned: list[int] = []
+    real = NativeForker.spawn
+    monkeypatch.setattr(NativeForker, "spawn", lambda self, plan, fds: spawned.append(1) or real(self, plan, fds))
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1")
+    r = sandbox.run(["/bin/true"])
+    assert r.status == "ok" and spawned == [1]
+    st = os.stat(native.stage_path() or "")
+    assert st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _records(program: bytes) -> list[tuple[str, list[bytes]]]:
+    out, pos = [], 0
+    while pos < len(program):
+        code, n = chr(program[pos]), program[pos + 1]
+        pos += 2
+        args = []
+        for _ in range(n):
+            (size,) = struct.unpack_from("<I", program, pos)
+            args.append(program[pos + 4:pos + 4 + size])
+            pos += 4 + size + 1
+        out.append((code, args))
+    return out
+
+
+def test_stage_program_keeps_the_python_childs_step_order() -> None:
+    from sandbox.child import __doc__ as child_doc
+    from sandbox.profile import load
+    from sandbox.supervisor import Request, _Workdir, make_plan
+
+    req = Request(["/bin/true"], load("strict"))
+    plan = make_plan(req, _Workdir(None, in_memory=True), 1234, 1234)
+    steps = [a[0].decode() for c, a in _records(ops.compile_plan(plan, template=False, cgroup=True)) if c == "T"]
+    documented = [line.split()[0] for line in (child_doc or "").split("Order")[1].splitlines()[1:]
+                  if line.startswith("  ") and not line.startswith("   ")]
+    assert [s for s in steps if s in documented] == [s for s in documented if s in steps]
+    assert steps.index("no_new_privs") < steps.index("landlock_enforce") < steps.index("seccomp") < steps.index("exec")
+    assert steps.index("identity") < steps.index("capabilities")
+
+
+def test_a_ready_network_namespace_serves_one_run_only() -> None:
+    seen = [sandbox.run(["readlink", "/proc/self/ns/net"]).stdout.strip() for _ in range(6)]
+    assert len(set(seen)) == 6, seen
+    with open("/proc/self/ns/net"):
+        assert os.readlink("/proc/self/ns/net") not in seen  # and never the host's
+
+
+def test_ready_network_namespaces_are_dropped_in_a_forked_caller() -> None:
+    sandbox.run(["/bin/true"])
+    from sandbox import supervisor
+
+    ready = supervisor._native.netns
+    assert ready is not None and ready.fds()
+    pid = os.fork()
+    if pid == 0:  # the child must not hand out namespaces its parent also holds
+        try:
+            os._exit(0 if ready.take() == -1 else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
