@@ -55,6 +55,12 @@ def _compile(dfd: int, name: str, cache: str) -> None:
             if r.returncode == 0:
                 os.chmod(out, 0o700)
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                for old in os.listdir(dfd):  # builds of earlier sources
+                    if old.startswith("stage-") and old != name:
+                        try:
+                            os.unlink(old, dir_fd=dfd)
+                        except OSError:
+                            pass
                 return
             lines = r.stderr.strip().splitlines()
             errors = lines[-1] if lines else f"exit {r.returncode}"
