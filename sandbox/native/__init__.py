@@ -107,11 +107,3 @@ def unavailable() -> str | None:
         return "switched off (SANDBOXRUN_NATIVE=0)"
     stage_path()
     return _error
-
-
-if __name__ == "__main__":  # scripts/setup.sh: build it ahead of the first run
-    import sys
-
-    p = stage_path()
-    print(p or f"native stage unavailable: {_error}", file=sys.stdout if p else sys.stderr)
-    sys.exit(0)
