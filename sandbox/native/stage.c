@@ -5,16 +5,22 @@
    Forking a Python process costs a page-table copy of its heap plus hundreds of
    copy-on-write faults; this stage is a few pages, so each run pays neither.
 
+   argv[0] is the mode: "sandboxrun-init" (the program's 'C' step makes PID 1 of a new
+   pid namespace), "sandboxrun-stage" (no pid namespace: this process is the sandbox),
+   "sandboxrun-template" (build a view's static part and hold it, op 'H').
+
    fd 3  the program (a memfd), read whole, then closed
    fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
-   fd 5  the launch pipe: "P <pid>\n" (the sandbox's PID 1, in the caller's pid namespace) or "E ..."
-   other fds are named by the program's steps (cgroup sync pipe, template namespace, workdir tree)
+   fd 5  the launch pipe: "P <pid>\n" (the sandbox's PID 1, in the caller's pid namespace), or "E ..." for a
+         failure before PID 1 exists
+   fds 6.. named by the program's steps (cgroup sync pipe, template namespace, v1 tasks files, ready netns)
 
-   With a pid namespace the stage clones PID 1 with CLONE_PARENT, so the caller is its parent
-   (it reaps it and gets its exit) and this first process exits at once.
+   PID 1 is cloned with CLONE_PARENT, so the caller is its parent (it reaps it and owns its
+   pidfd) and this first process exits at once. Before that, the first process writes itself
+   into the run's v1 cgroups (see op 'J'), so PID 1 is born there.
 
    Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
-   4-byte little-endian length and its bytes. Numbers travel as decimal text. */
+   4-byte little-endian length, its bytes and a NUL. Numbers travel as decimal text. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
