@@ -38,14 +38,14 @@ if TYPE_CHECKING:
 @record
 class ChildFds:
     """The child's stdin/stdout/stderr, report pipe and cgroup sync pipe (or, with
-    `cgroup_name`, the tasks files of the v1 cgroup the child joins by itself)."""
+    `cgroup_tasks`, the tasks files of the v1 cgroup the child joins by itself)."""
 
     stdin: int
     stdout: int
     stderr: int
     report: int
     cgroup: list[int]
-    cgroup_name: str = ""
+    cgroup_tasks: bool = False
     netns: int = -1  # a ready network namespace to enter instead of making one (native stage)
 
     def all(self) -> list[int]:

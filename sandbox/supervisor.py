@@ -491,8 +491,7 @@ def execute(req: Request) -> Result:
         if netns >= 0:
             opened.append(netns)
         try:
-            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds,
-                                                   cg.dirs[0] if self_join and cg else "", netns))
+            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.

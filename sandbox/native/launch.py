@@ -69,10 +69,11 @@ def _reap(pid: int) -> None:
 class NativeForker:
     """Spawns each run's stage; keeps prepared mount-namespace templates when long-lived."""
 
-    joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_name)
+    joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_tasks)
 
     def __init__(self, *, templates: bool) -> None:
         self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
+        self._failed: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
         # Network namespaces made ahead (long-lived callers only, like the templates).
         self.netns: ReadyNamespaces | None = ReadyNamespaces() if templates else None
@@ -88,8 +89,11 @@ class NativeForker:
         with self._lock:
             fd = self.templates.get(key)
             if fd is None:
+                if key in self._failed:
+                    return -1
                 fd = self._make_template(plan)
                 if fd < 0:
+                    self._failed.add(key)  # build these views in full, without trying each run
                     return -1
                 if len(self.templates) >= 8:  # a few profiles in use at once; drop the oldest
                     os.close(self.templates.pop(next(iter(self.templates))))
@@ -99,7 +103,9 @@ class NativeForker:
     def _make_template(self, plan: RunPlan) -> int:
         """A stage builds the view's static part in a new mount namespace and holds it until
         we have opened it; any failure falls back to building each view in full."""
-        assert plan.view is not None and (path := stage_path())
+        path = stage_path()
+        if path is None or plan.view is None:
+            return -1
         hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
@@ -107,6 +113,8 @@ class NativeForker:
             pid, launch_r = _spawn_stage(path, "sandboxrun-template", ops.template_program(plan.view),
                                          {0: hold_r, 1: null, 2: null, 4: rep_w})
         except ForkError:
+            os.close(hold_w)
+            os.close(rep_r)
             return -1
         finally:
             for fd in (hold_r, rep_w, null):
@@ -128,7 +136,7 @@ class NativeForker:
         if path is None:
             raise ForkError("stage", 0, "the native stage is unavailable")
         template = self._template_for(plan)
-        tasks = len(fds.cgroup) if fds.cgroup_name else 0
+        tasks = len(fds.cgroup) if fds.cgroup_tasks else 0
         program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
                                    netns=fds.netns >= 0 and plan.loopback)
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}

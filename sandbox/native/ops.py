@@ -9,18 +9,17 @@ bind sources are symlinks) are resolved here, in the caller's mount namespace.
 from __future__ import annotations
 
 import os
-import resource
 import stat
 import struct
 
 from ..isolation.filesystem import (
     DEVICES,
-    MS_NOATIME,  # noqa: F401 - re-exported for tests of the flag table
     NEW_ROOT,
     PROC_MASKED,
     PROC_READONLY,
     ViewSpec,
 )
+from ..isolation.rlimits import NAMES as RLIMIT_NUMBERS
 from ..isolation.syscalls import (
     CLONE_NEWCGROUP,
     CLONE_NEWNET,
@@ -42,14 +41,6 @@ TEMPLATE_FD = 7
 TASKS_FD = 8  # and up: each v1 hierarchy's tasks file, which the stage writes itself into
 NETNS_FD = 16  # a ready network namespace (isolation/network.py: ReadyNamespaces)
 
-RLIMITS = {
-    "cpu_time": resource.RLIMIT_CPU,
-    "address_space": resource.RLIMIT_AS,
-    "file_size": resource.RLIMIT_FSIZE,
-    "open_files": resource.RLIMIT_NOFILE,
-    "processes": resource.RLIMIT_NPROC,
-    "core": resource.RLIMIT_CORE,
-}
 _LEN = struct.Struct("<I")
 
 
@@ -328,7 +319,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
         p.op("u", CLONE_NEWCGROUP)
     p.step("rlimits")
     for name, value in plan.rlimits:
-        p.op("t", RLIMITS[name], value)
+        p.op("t", RLIMIT_NUMBERS[name], value)
     p.step("fds")
     p.op("z")
     if plan.landlock != "off":
