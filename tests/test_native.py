@@ -105,3 +105,17 @@ def test_ready_network_namespaces_are_dropped_in_a_forked_caller() -> None:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_stage_joined_by_the_supervisor_is_limited_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cgroup v2's protocol (the supervisor moves PID 1, the stage waits for its word),
+    exercised here on v1: the memory limit must still hold."""
+    from sandbox.isolation import cgroups
+    from sandbox.native.launch import NativeForker
+
+    if cgroups.detect().version == "none":
+        pytest.skip("no cgroup backend")
+    monkeypatch.setattr(NativeForker, "joins_v1_cgroups", False)
+    r = sandbox.run(["python3", "-c", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"],
+                    memory="64MiB", timeout=20)
+    assert r.status == "memory_limit" and r.usage.oom_kills >= 1, r
