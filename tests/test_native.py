@@ -119,3 +119,12 @@ def test_stage_joined_by_the_supervisor_is_limited_too(monkeypatch: pytest.Monke
     r = sandbox.run(["python3", "-c", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"],
                     memory="64MiB", timeout=20)
     assert r.status == "memory_limit" and r.usage.oom_kills >= 1, r
+
+
+def test_views_with_more_binds_than_the_stage_holds_still_run(tmp_path) -> None:
+    binds = []
+    for i in range(ops.MAX_SLOTS + 5):
+        (tmp_path / f"d{i}").mkdir()
+        binds.append(f"{tmp_path}/d{i}:/mnt/d{i}")
+    r = sandbox.run(["sh", "-c", "ls /mnt | wc -l"], ro_bind=binds)
+    assert r.status == "ok" and int(r.stdout) == len(binds), r

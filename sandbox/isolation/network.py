@@ -59,6 +59,13 @@ class ReadyNamespaces:
     def fds(self) -> list[int]:
         return list(self._fds)
 
+    def close(self) -> None:
+        with self._lock:
+            self._check_owner()
+            for fd in self._fds:
+                os.close(fd)
+            self._fds.clear()
+
     def refill(self) -> None:
         with self._lock:
             self._check_owner()
@@ -67,17 +74,26 @@ class ReadyNamespaces:
         from .syscalls import CLONE_NEWNET, setns, unshare
 
         here = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        fd = -1
         try:
             unshare(CLONE_NEWNET)
-            try:
-                loopback_up()
-                fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            finally:
-                setns(here, CLONE_NEWNET)  # root holding an fd of its own namespace: cannot fail
         except OSError as e:
+            os.close(here)
             self.broken = str(e)  # the run's own unshare reports the cause, if it matters
             return
+        try:
+            loopback_up()
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            self.broken = str(e)
         finally:
-            os.close(here)
+            try:
+                setns(here, CLONE_NEWNET)
+            except OSError as e:  # never leave the caller's thread cut off from its network
+                raise RuntimeError(f"sandboxrun: cannot return this thread to its network namespace: {e}") from e
+            finally:
+                os.close(here)
+        if fd < 0:
+            return
         with self._lock:
             self._fds.append(fd)

@@ -168,3 +168,5 @@ class NativeForker:
                 os.close(fd)
             if self.templates is not None:
                 self.templates.clear()
+        if self.netns is not None:
+            self.netns.close()

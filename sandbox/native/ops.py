@@ -92,13 +92,13 @@ def _open_sources(p: Program, spec: ViewSpec) -> tuple[list[tuple[object, object
     for b in spec.binds:
         try:
             st = os.lstat(b.source)
-        except FileNotFoundError:
-            if b.optional:
+            if stat.S_ISLNK(st.st_mode):
+                opened.append((os.readlink(b.source), b, False))
                 continue
-            st = None  # the stage's open reports ENOENT at this step
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            opened.append((os.readlink(b.source), b, False))
-            continue
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) and b.optional:
+                continue
+            st = None  # the stage's own open reports the error, at this step
         k = p.slot()
         p.op("o", k, b.source, 0)
         opened.append((k, b, bool(st and stat.S_ISDIR(st.st_mode))))
@@ -233,9 +233,15 @@ def template_program(spec: ViewSpec) -> bytes:
 # ---------------------------------------------------------------------- the steps
 
 
+MAX_SLOTS = 64  # stage.c: fds held between opening the bind sources and binding them
+
+
 def supports(plan: RunPlan) -> bool:
-    """Plans the stage can run: everything but a rootless caller's nested user namespace."""
-    return not plan.nested_userns
+    """Plans the stage can run: everything but a rootless caller's nested user namespace
+    and views with more binds than the stage has slots for (the Python child runs those)."""
+    if plan.nested_userns:
+        return False
+    return plan.view is None or len(plan.view.binds) + len(DEVICES) + 1 <= MAX_SLOTS
 
 
 _compiled: dict[tuple[object, ...], bytes] = {}
