@@ -166,28 +166,37 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"cannot read: {e.strerror}", source=str(path)) from None
 
 
-def _cache_name(path: Path) -> str | None:
+def _cache_entry(path: Path) -> tuple[str, tuple[int, int, int]] | None:
+    """(cache file name, file stamp) for a profile in a search dir, else None.
+
+    Only named profiles (the built-in dir and SANDBOXRUN_PROFILE_PATH) are cached, one file per
+    profile path with the stamp inside, so the cache cannot grow with every profile file a caller
+    ever passed (temp files, edits)."""
     try:
-        st = os.stat(path)
+        real = os.path.realpath(path)
+        if os.path.dirname(real) not in {os.path.realpath(d) for d in _search_dirs()}:
+            return None
+        st = os.stat(real)
     except OSError:
         return None
     from .isolation.seccomp import _sha256_hex
 
-    key = _sha256_hex(f"{os.path.realpath(path)}\0{st.st_mtime_ns}\0{st.st_size}\0{st.st_ino}".encode())
-    return f"profile-{key[:24]}.marshal"
+    return f"profile-{_sha256_hex(real.encode())[:24]}.marshal", (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _parsed_cache(path: Path) -> dict[str, Any] | None:
     """The parsed TOML from the disk cache (the seccomp cache's trusted directory), or None.
-    A profile decides what a run may do: only a file we own, not group/world-writable, counts."""
+    A profile decides what a run may do: only a file we own, not group/world-writable, whose
+    stamp matches the profile file's, counts."""
     import marshal
 
     from .isolation import seccomp
 
-    name = _cache_name(path)
-    dfd = seccomp._open_cache_dir(seccomp.default_cache_dir()) if name else None
+    entry = _cache_entry(path)
+    dfd = seccomp._open_cache_dir(seccomp.default_cache_dir()) if entry else None
     if dfd is None:
         return None
+    name, stamp = entry  # type: ignore[misc]
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
@@ -201,11 +210,13 @@ def _parsed_cache(path: Path) -> dict[str, Any] | None:
         if not seccomp._trusted(st, _stat.S_IFREG) or st.st_size > 1 << 20:
             return None
         data = marshal.loads(os.read(fd, st.st_size + 1))
-        return data if isinstance(data, dict) else None
     except (OSError, ValueError, EOFError, TypeError):
         return None
     finally:
         os.close(fd)
+    if isinstance(data, tuple) and len(data) == 2 and data[0] == stamp and isinstance(data[1], dict):
+        return data[1]
+    return None  # stale (the profile was edited) or not ours: parse, then overwrite
 
 
 def _store_parsed(path: Path, raw: dict[str, Any]) -> None:
@@ -213,12 +224,13 @@ def _store_parsed(path: Path, raw: dict[str, Any]) -> None:
 
     from .isolation import seccomp
 
-    name = _cache_name(path)
-    dfd = seccomp._open_cache_dir(seccomp.default_cache_dir()) if name else None
+    entry = _cache_entry(path)
+    dfd = seccomp._open_cache_dir(seccomp.default_cache_dir()) if entry else None
     if dfd is None:
         return
+    name, stamp = entry  # type: ignore[misc]
     try:
-        seccomp._write_cached(dfd, name, marshal.dumps(raw))
+        seccomp._write_cached(dfd, name, marshal.dumps((stamp, raw)))
     except (ValueError, OSError):
         pass  # unmarshallable (datetimes in a profile) or a read-only disk: parse next time
     finally:

@@ -89,3 +89,67 @@ def test_units() -> None:
     for bad in ("-1", "1 parsec", "", True):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+# ---------------------------------------------------------------------------- parsed-TOML disk cache
+
+
+@pytest.fixture
+def profile_cache(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A private cache dir, a search dir on SANDBOXRUN_PROFILE_PATH, and no in-process memo."""
+    from sandbox import profile as profile_mod
+    from sandbox.isolation import seccomp
+
+    cache = tmp_path / "cache"
+    named = tmp_path / "named"
+    named.mkdir()
+    monkeypatch.setattr(seccomp, "default_cache_dir", lambda: str(cache))
+    monkeypatch.setenv("SANDBOXRUN_PROFILE_PATH", str(named))
+    monkeypatch.setattr(profile_mod, "_cache", {})
+    return cache, named
+
+
+def _cached_files(cache) -> list[str]:
+    return sorted(p.name for p in cache.glob("profile-*")) if cache.exists() else []
+
+
+def test_named_profile_is_cached_once_and_edits_are_seen(profile_cache) -> None:
+    import os
+
+    from sandbox import profile as profile_mod
+
+    cache, named = profile_cache
+    f = named / "mine.toml"
+    f.write_text('extends = "strict"\n[limits]\nmemory = "1GiB"\n')
+    assert load("mine").limits.memory == 2**30
+    assert len(_cached_files(cache)) == 2  # mine and the strict it extends
+    for n, size in enumerate(("2GiB", "3GiB"), 1):
+        f.write_text(f'extends = "strict"\n[limits]\nmemory = "{size}"\n')
+        os.utime(f, ns=(n * 10**9, n * 10**9))  # a new stamp even within one clock tick
+        profile_mod._cache.clear()
+        assert load("mine").limits.memory == parse_size(size)  # never the stale parse
+    assert len(_cached_files(cache)) == 2  # one file per profile path, overwritten in place
+
+
+def test_profile_files_outside_search_dirs_are_not_cached(profile_cache, tmp_path) -> None:
+    cache, _ = profile_cache
+    for i in range(3):
+        f = tmp_path / f"adhoc{i}.toml"
+        f.write_text('[limits]\nmemory = "1GiB"\n')
+        assert load(str(f)).limits.memory == 2**30
+    assert not [n for n in _cached_files(cache) if "adhoc" in n] and len(_cached_files(cache)) == 0
+
+
+def test_planted_cache_entry_with_another_stamp_is_ignored(profile_cache) -> None:
+    import marshal
+
+    from sandbox import profile as profile_mod
+
+    cache, named = profile_cache
+    f = named / "mine.toml"
+    f.write_text('[limits]\nmemory = "1GiB"\n')
+    load("mine")
+    (entry,) = cache.glob("profile-*")
+    entry.write_bytes(marshal.dumps(((0, 0, 0), {"limits": {"memory": "9GiB"}})))
+    profile_mod._cache.clear()
+    assert load("mine").limits.memory == 2**30
