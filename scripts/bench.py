@@ -232,6 +232,14 @@ def _cli_batch(jsonl: str, workers: int, cli: list[str]) -> int:
     return sum(json.loads(line).get("success", False) for line in p.stdout.splitlines() if line.strip())
 
 
+def _host_busy_s() -> float:
+    """CPU seconds the whole host has spent busy (not idle or waiting for I/O), from /proc/stat:
+    the sandbox's cost includes kernel threads (namespace and cgroup teardown) and the supervisor."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str], bwrap: str | None,
                expected_ok: int) -> list[Case]:
     bw = [[bwrap, *BWRAP_STRICT, *a] for a in argvs] if bwrap else []
@@ -248,18 +256,22 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
             modes["tput_bwrap"] = ("ThreadPoolExecutor + subprocess.run(bwrap strict)", lambda: _bare_pool(bw, workers))
         out = {name: Case(name, "/s", command=f"{cmd}, {len(argvs)} programs, concurrency {workers}")
                for name, (cmd, _) in modes.items()}
+        cpu = {name: Case("cpu_" + name.removeprefix("tput_"), "ms",
+                          command=f"host CPU per program during {name} (all processes and kernel threads)")
+               for name in modes}
         _run_many(argvs[: workers * 2], workers)  # warm: fork server, page cache
         for r in range(mode.rounds):
             for name in _rotated(list(modes), r):
-                t = time.perf_counter()
+                t, busy = time.perf_counter(), _host_busy_s()
                 ok = modes[name][1]()
                 rate = len(argvs) / (time.perf_counter() - t)
                 out[name].samples.append(rate)
+                cpu[name].samples.append(1000 * (_host_busy_s() - busy) / len(argvs))
                 if ok != expected_ok and out[name].error is None:
                     out[name].error = f"{ok} of {len(argvs)} programs succeeded (bare: {expected_ok})"
-        for c in out.values():
+        for c in (*out.values(), *cpu.values()):
             c.value = statistics.median(c.samples)
-        return list(out.values())
+        return [*out.values(), *cpu.values()]
     finally:
         os.unlink(f.name)
 
