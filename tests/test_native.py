@@ -84,6 +84,27 @@ def test_stage_program_keeps_the_python_childs_step_order() -> None:
     assert steps.index("identity") < steps.index("capabilities")
 
 
+def test_stage_is_born_pid_1_as_our_child_and_our_thread_keeps_its_namespace() -> None:
+    """The calling thread unshares CLONE_NEWPID so the stage starts as PID 1 (no first
+    process, no CLONE_PARENT hop); afterwards the thread must be back in its own namespace."""
+    from sandbox.profile import load
+    from sandbox.supervisor import Request, build_env, execute
+
+    seen: list[str] = []
+
+    def on_started(pid: int) -> None:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f)
+        seen.extend([status["PPid"].strip(), status["NSpid"].split()[-1]])
+
+    prof = load("strict")
+    r = execute(Request(["sh", "-c", "echo $PPID"], prof, env=build_env(prof, None), on_started=on_started))
+    assert r.status == "ok" and r.stdout.strip() == "1", r
+    assert seen == [str(os.getpid()), "1"]  # our child, PID 1 in its namespace
+    assert os.readlink("/proc/thread-self/ns/pid_for_children") == os.readlink("/proc/thread-self/ns/pid")
+    assert sandbox.run(["/bin/true"]).status == "ok"  # a second unshare works: the first was undone
+
+
 def test_a_ready_network_namespace_serves_one_run_only() -> None:
     seen = [sandbox.run(["readlink", "/proc/self/ns/net"]).stdout.strip() for _ in range(6)]
     assert len(set(seen)) == 6, seen

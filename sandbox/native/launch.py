@@ -1,49 +1,71 @@
 """Start the native stage: posix_spawn (vfork + exec) from any thread of any process.
 
-The stage clones the sandbox's PID 1 with CLONE_PARENT, so we are its parent: we
-get its pid on the launch pipe, reap the stage's first process at once, and reap
-PID 1 when the run ends (Launched.direct).
+For a run with a pid namespace, the calling thread first unshares CLONE_NEWPID, which
+changes only where that thread's next child is born: the stage starts as PID 1 of the
+new namespace and we are its parent (we reap it and hold its pidfd). The thread then
+returns to its own namespace at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
 
 from ..forker import ChildFds, ForkError, Launched
 from ..isolation.network import ReadyNamespaces
+from ..isolation.syscalls import CLONE_NEWPID, setns, unshare
 from ..plan import RunPlan
 from . import ops, stage_path
 
 _F_DUPFD_CLOEXEC = 1030
 
 
-def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int]) -> tuple[int, int]:
-    """posix_spawn the stage with `fds` at the given numbers; returns (its pid, launch pipe read end)."""
+def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, pid1: bool = False) -> int:
+    """posix_spawn the stage with `fds` at the given numbers; returns its pid.
+    `pid1`: as PID 1 of a new pid namespace."""
     memfd = os.memfd_create("sandboxrun-stage", os.MFD_CLOEXEC)
-    launch_r, launch_w = os.pipe2(os.O_CLOEXEC)
     temps: list[int] = []
     try:
         view = memoryview(program)
         while view:
             view = view[os.write(memfd, view):]
-        fds = {**fds, 3: memfd, 5: launch_w}
         actions = []
-        for target, src in sorted(fds.items()):
+        for target, src in sorted({**fds, 3: memfd}.items()):
             # Each source first goes above every target, so no dup2 overwrites a later source.
             high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
             temps.append(high)
             actions.append((os.POSIX_SPAWN_DUP2, high, target))
-        try:
-            pid = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
-        except OSError as e:
-            os.close(launch_r)
-            raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
-        return pid, launch_r
+        with _new_pid_namespace() if pid1 else contextlib.nullcontext():
+            try:
+                return os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+            except OSError as e:
+                raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
     finally:
-        for fd in (memfd, launch_w, *temps):
+        for fd in (memfd, *temps):
             os.close(fd)
+
+
+class _new_pid_namespace:
+    """This thread's next child is PID 1 of a new pid namespace; the thread's own is restored
+    on exit (the kernel refuses a second unshare until it is, so a lost restore cannot nest)."""
+
+    def __enter__(self) -> None:
+        self.own = os.open("/proc/thread-self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            unshare(CLONE_NEWPID)
+        except OSError as e:
+            os.close(self.own)
+            raise ForkError("pid_namespace", e.errno or 0, f"cannot create a pid namespace: {e.strerror}") from None
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            setns(self.own, CLONE_NEWPID)
+        except OSError as e:
+            raise RuntimeError(f"cannot return to our own pid namespace: {e}") from None
+        finally:
+            os.close(self.own)
 
 
 def _read_line(fd: int) -> str:
@@ -110,8 +132,8 @@ class NativeForker:
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         try:
-            pid, launch_r = _spawn_stage(path, "sandboxrun-template", ops.template_program(plan.view),
-                                         {0: hold_r, 1: null, 2: null, 4: rep_w})
+            pid = _spawn_stage(path, "sandboxrun-template", ops.template_program(plan.view),
+                               {0: hold_r, 1: null, 2: null, 4: rep_w})
         except ForkError:
             os.close(hold_w)
             os.close(rep_r)
@@ -120,7 +142,6 @@ class NativeForker:
             for fd in (hold_r, rep_w, null):
                 os.close(fd)
         try:
-            _read_line(launch_r)
             said = _read_line(rep_r)
             if said != "R":
                 return -1
@@ -148,18 +169,8 @@ class NativeForker:
             where[ops.CGROUP_FD] = fds.cgroup[0]
         if template >= 0:
             where[ops.TEMPLATE_FD] = template
-        first, launch_r = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where)
-        said = _read_line(launch_r)
-        kind, _, rest = said.partition(" ")
-        if kind != "P":
-            _reap(first)
-            if kind == "E":
-                step, err, msg = (rest.split(" ", 2) + ["", ""])[:3]
-                raise ForkError(step, int(err) if err.isdigit() else 0, msg)
-            raise ForkError("stage", 0, f"the native stage said {said!r}")
-        pid = int(rest)
-        if pid != first:
-            _reap(first)  # the stage's first process; PID 1 is our child too (CLONE_PARENT)
+        pid = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where,
+                           pid1=plan.pid_namespace)
         return Launched(pid, os.pidfd_open(pid), True)
 
     def close(self) -> None:

@@ -287,8 +287,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
         p.step("cgroup")
         p.op("J", "the run's cgroup", *range(TASKS_FD, TASKS_FD + tasks))
     if plan.pid_namespace:
-        p.step("pid_namespace")
-        p.op("C")
+        p.step("pid_namespace")  # made by the caller's thread (launch.py): the stage is born PID 1
     p.step("session")
     p.op("s")
     p.op("n", "sandboxrun-init")

@@ -5,19 +5,16 @@
    Forking a Python process costs a page-table copy of its heap plus hundreds of
    copy-on-write faults; this stage is a few pages, so each run pays neither.
 
-   argv[0] is the mode: "sandboxrun-init" (the program's 'C' step makes PID 1 of a new
-   pid namespace), "sandboxrun-stage" (no pid namespace: this process is the sandbox),
-   "sandboxrun-template" (build a view's static part and hold it, op 'H').
+   argv[0] is the mode: "sandboxrun-init" (PID 1 of a new pid namespace: the caller's
+   thread unshared CLONE_NEWPID before it spawned us, so we are born PID 1 and the caller
+   is our parent, reaping us and holding our pidfd), "sandboxrun-stage" (no pid namespace:
+   this process is the sandbox), "sandboxrun-template" (build a view's static part and
+   hold it, op 'H'). The first steps write us into the run's v1 cgroups (op 'J'), before
+   any process of the sandbox exists.
 
    fd 3  the program (a memfd), read whole, then closed
    fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
-   fd 5  the launch pipe: "P <pid>\n" (the sandbox's PID 1, in the caller's pid namespace), or "E ..." for a
-         failure before PID 1 exists
    fds 6.. named by the program's steps (cgroup sync pipe, template namespace, v1 tasks files, ready netns)
-
-   PID 1 is cloned with CLONE_PARENT, so the caller is its parent (it reaps it and owns its
-   pidfd) and this first process exits at once. Before that, the first process writes itself
-   into the run's v1 cgroups (see op 'J'), so PID 1 is born there.
 
    Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
    4-byte little-endian length, its bytes and a NUL. Numbers travel as decimal text. */
@@ -53,7 +50,6 @@
 
 #define PROGRAM_FD 3
 #define REPORT_FD 4
-#define LAUNCH_FD 5
 #define MAX_ARGS 8
 #define MAX_SLOTS 64
 
@@ -84,7 +80,6 @@ static struct timespec step_start;
 static int slots[MAX_SLOTS];
 static int run_uid = -1, run_gid = -1;
 static int landlock_rs = -1;
-static int error_fd = REPORT_FD;  /* the launch pipe until PID 1 exists */
 
 static void report(const char *fmt, ...) {
     char buf[4096];
@@ -114,7 +109,7 @@ static void fail(int err, const char *fmt, ...) {
     for (int i = 0; i < n; i++)
         if (line[i] == '\n') line[i] = ' ';
     line[n++] = '\n';
-    (void)!write(error_fd, line, n);
+    (void)!write(REPORT_FD, line, n);
     _exit(125);
 }
 
@@ -708,20 +703,6 @@ static void run(void) {
                 }
             for (int i = 1; i < op.nargs; i++) close(num(&op, i));
             break;
-        case 'C': {  /* PID 1 of a new pid namespace; CLONE_PARENT: the caller is its parent, so it
-                        reaps it and owns its pidfd. This first process says the pid and exits. */
-            pid_t pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
-            if (pid < 0) CHECK(-1, "cannot create a pid namespace");
-            if (pid > 0) {
-                char line[32];
-                int n = snprintf(line, sizeof line, "P %d\n", pid);
-                (void)!write(LAUNCH_FD, line, n);
-                _exit(0);
-            }
-            error_fd = REPORT_FD;
-            close(LAUNCH_FD);
-            break;
-        }
         case 'H': {  /* a template is built: say so, and hold the namespace until stdin closes */
             char c;
             report("R");
@@ -739,14 +720,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
     reset_signals();
     read_program();
-    if (argv[0] && strcmp(argv[0], "sandboxrun-init") == 0) {
-        error_fd = LAUNCH_FD;  /* the program's 'C' step makes PID 1 and says its pid */
-    } else {
-        char line[32];
-        int n = snprintf(line, sizeof line, "P %d\n", getpid());
-        (void)!write(LAUNCH_FD, line, n);
-        close(LAUNCH_FD);
-    }
     run();
     return 125;
 }
