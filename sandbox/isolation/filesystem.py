@@ -8,6 +8,10 @@ private devpts. Then pivot_root, detach the old root, and make / read-only.
 
 Bind sources are opened (O_PATH) before anything is hidden and bound through
 /proc/self/fd/N, so a symlink swapped in after validation cannot redirect a bind.
+
+The view is described once, as a list of operations (view_ops, template_ops): the
+Python child runs them with apply(), the native stage runs the same list (encoded
+by native/ops.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ from .syscalls import (
     umount2,
     unshare,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bit -> mount flag that must be kept on a bind remount (the kernel
@@ -82,10 +90,6 @@ class ViewSpec:
     workdir_idmap: tuple[int, int, int, int] | None = None
 
 
-def _opened(path: str) -> int:
-    return os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-
-
 def _mkpoint(path: str, is_dir: bool) -> None:
     if os.path.lexists(path):
         return
@@ -96,231 +100,337 @@ def _mkpoint(path: str, is_dir: bool) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
 
 
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, text.encode("utf-8", "surrogateescape"))
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ the view as operations
+#
+# One description of the view, run by either child: apply() below (the Python child) or
+# the native stage (native/ops.py encodes the same list; stage.c has the same codes).
+#
+#   q name                            the sub-step that error reports name
+#   m source target fstype flags data mount(2); "" is NULL
+#   o slot path optional              open(path, O_PATH|O_NOFOLLOW) into a slot (before anything is hidden)
+#   b slot target writable device dir bind a slot's fd onto target (made if absent), then remount
+#                                     nosuid[,nodev][,ro] keeping the flags a user namespace locks
+#   k path mode / K path dir          mkdir / make a mount point (parents too) if absent
+#   D path                            makedirs unless a directory is there
+#   l to linkpath if_absent           symlink (if_absent: skip an existing one, make parents)
+#   w path mode text                  write a file
+#   W slot path [du ru dg rg report]  open_tree clone of path; idmapped onto the run's ids when given
+#   M slot target                     move_mount a clone onto target, then nosuid,nodev (locked flags kept)
+#   r path / x path null              a /proc entry read-only / masked (if it exists)
+#   P root                            pivot_root into root and detach the old root
+#   e fd nstype / u flags / c path    setns / unshare / chdir
+
+
+class ViewOps:
+    """The ordered operations that build a view."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, ...]] = []
+        self.slots = 0
+
+    def op(self, code: str, *args: Any) -> None:
+        self.ops.append((code, *args))
+
+    def sub(self, name: str) -> None:
+        self.op("q", name)
+
+    def slot(self) -> int:
+        self.slots += 1
+        return self.slots - 1
+
+    def mount(self, source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
+        self.op("m", source, target, fstype, flags, data)
+
+
+def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, BindSpec, bool]], list[tuple[str, int]]]:
+    """Open every bind source and device node before anything is hidden. Which sources are
+    symlinks (merged /usr: /bin -> usr/bin) is read here, in the host's mount tree."""
+    p.sub("mount:open-sources")
+    opened: list[tuple[int | str, BindSpec, bool]] = []  # (slot or symlink text, spec, is_dir)
+    for b in spec.binds:
+        try:
+            st: os.stat_result | None = os.lstat(b.source)
+            if stat.S_ISLNK(st.st_mode):  # type: ignore[union-attr]
+                opened.append((os.readlink(b.source), b, False))
+                continue
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) and b.optional:
+                continue
+            st = None  # the open below reports the error, at this step
+        k = p.slot()
+        p.op("o", k, b.source, 0)
+        opened.append((k, b, bool(st and stat.S_ISDIR(st.st_mode))))
+    devices = []
+    for name in DEVICES:
+        k = p.slot()
+        p.op("o", k, f"/dev/{name}", 1)
+        devices.append((name, k))
+    return opened, devices
+
+
+def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int | str, BindSpec, bool]],
+                 devices: list[tuple[str, int]]) -> None:
+    """What is the same for every run of a profile: root tmpfs, binds, /dev nodes, /etc."""
+    p.sub("mount:root-tmpfs")
+    p.mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
+    for d in ("etc", "proc", "dev", "tmp", "run"):
+        p.op("k", f"{root}/{d}", 0o755)
+    if spec.workdir_fixed:
+        p.op("K", root + spec.workdir, 1)
+    p.sub("mount:binds")
+    for src, b, is_dir in sorted(opened, key=lambda x: x[1].target.count("/")):
+        target = root + b.target
+        if isinstance(src, str):  # merged-/usr symlinks such as /bin -> usr/bin
+            p.op("l", src, target, 1)
+        else:
+            p.op("b", src, target, b.writable, 0, is_dir)
+    p.sub("mount:dev")
+    dev = f"{root}/dev"
+    p.mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name, k in devices:
+        p.op("b", k, f"{dev}/{name}", 1, 1, 0)
+    for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                     ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        p.op("l", to, f"{dev}/{link}", 0)
+    p.op("k", f"{dev}/shm", 0o1777)
+    p.op("k", f"{dev}/pts", 0o755)
+    p.sub("mount:etc")
+    # passwd and group name the run's uid, so they live in the per-run /run.
+    p.op("l", "/run/sandboxrun/passwd", f"{root}/etc/passwd", 0)
+    p.op("l", "/run/sandboxrun/group", f"{root}/etc/group", 0)
+    p.op("w", f"{root}/etc/hostname", 0o644, spec.hostname + "\n")
+    p.op("w", f"{root}/etc/hosts", 0o644, f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
+
+
+def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool) -> tuple[str, int]:
+    """The caller's workdir, opened while the host's mount tree is still visible: a detached
+    clone (idmapped onto the run's ids when asked), a plain fd, or nothing (a fresh tmpfs)."""
+    if spec.workdir_idmap is not None or (tree and spec.workdir_host):
+        p.sub("mount:open-workdir")
+        k = p.slot()
+        if spec.workdir_idmap is not None:
+            p.op("W", k, spec.workdir_host, *spec.workdir_idmap, 1)
+        else:
+            p.op("W", k, spec.workdir_host)
+        return "tree", k
+    if spec.workdir_host:
+        k = p.slot()
+        p.op("o", k, spec.workdir_host, 0)
+        return "fd", k
+    return "tmpfs", -1
+
+
+def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int]) -> None:
+    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc."""
+    p.sub("mount:tmp")
+    p.mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
+    p.mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
+    p.op("k", f"{root}/run/sandboxrun", 0o755)
+    p.op("w", f"{root}/run/sandboxrun/passwd", 0o644, spec.passwd)
+    p.op("w", f"{root}/run/sandboxrun/group", 0o644, spec.group)
+    dev = f"{root}/dev"
+    p.mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
+    p.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    p.sub("mount:workdir")
+    target = root + spec.workdir
+    p.op("D", target)  # "same": under the fresh /tmp, or in the root before it is sealed
+    kind, k = work
+    if kind == "tmpfs":
+        owner = f",uid={spec.workdir_owner[0]},gid={spec.workdir_owner[1]}" if spec.workdir_owner else ""
+        p.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={spec.workdir_size}{owner}")
+    elif kind == "fd":
+        p.op("b", k, target, 1, 0, 1)
+    else:
+        p.op("M", k, target)
+    p.sub("mount:proc")  # before pivot_root: a rootless caller needs a visible /proc to mount one
+    proc = f"{root}/proc"
+    p.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READONLY:
+        p.op("r", f"{proc}/{name}")
+    for name in PROC_MASKED:
+        p.op("x", f"{proc}/{name}", f"{dev}/null")
+
+
+def _pivot_and_seal(p: ViewOps, root: str) -> None:
+    p.sub("pivot_root")
+    p.op("P", root)
+    p.sub("mount:root-readonly")
+    p.mount("", "/", "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def view_ops(spec: ViewSpec, template_fd: int = -1) -> ViewOps:
+    """The filesystem step in a fresh mount namespace: the whole view, or (template_fd >= 0,
+    a prepared template namespace) a private copy of the template plus the per-run mounts."""
+    p = ViewOps()
+    if template_fd >= 0:
+        work = _workdir(p, spec, tree=True)
+        p.sub("mount:enter-template")
+        p.op("e", template_fd, CLONE_NEWNS)
+        p.op("u", CLONE_NEWNS)
+        p.op("c", "/")
+        _per_run_part(p, "", spec, work)
+    else:
+        p.sub("mount:private")
+        p.mount("", "/", "", MS_REC | MS_PRIVATE)
+        opened, devices = _open_sources(p, spec)
+        work = _workdir(p, spec, tree=False)
+        _static_part(p, NEW_ROOT, spec, opened, devices)
+        _per_run_part(p, NEW_ROOT, spec, work)
+        _pivot_and_seal(p, NEW_ROOT)
+    p.op("c", spec.workdir)
+    return p
+
+
+def template_ops(spec: ViewSpec) -> ViewOps:
+    """A view's static part, pivoted into and sealed, in the caller's fresh mount namespace:
+    a template that runs copy instead of rebuilding it. Saves each run the binds, the pivot
+    and the detach of the host's mount tree."""
+    p = ViewOps()
+    p.mount("", "/", "", MS_REC | MS_PRIVATE)
+    opened, devices = _open_sources(p, spec)
+    _static_part(p, NEW_ROOT, spec, opened, devices)
+    _pivot_and_seal(p, NEW_ROOT)
+    return p
+
+
+# ------------------------------------------------------------------ the Python child runs them
+
+
 def _bind_fd(fd: int, target: str, *, writable: bool, device: bool = False) -> None:
-    src = f"/proc/self/fd/{fd}"
-    mount(src, target, None, MS_BIND)
+    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
-    keep = os.fstatvfs(fd).f_flag
+    _remount(target, flags, os.fstatvfs(fd).f_flag, writable=writable, device=device)
+
+
+def _remount(target: str, flags: int, keep: int, *, writable: bool, device: bool = False) -> None:
     for st_bit, ms_bit in _LOCKED_FLAGS:
         if keep & st_bit and not (writable and ms_bit == MS_RDONLY) and not (device and ms_bit == MS_NODEV):
             flags |= ms_bit
     mount(None, target, None, flags)
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _open_sources(spec: ViewSpec) -> tuple[list[tuple[int | str, BindSpec, bool]], dict[str, int]]:
-    """Open every bind source (O_PATH) and device node before anything is hidden."""
-    opened: list[tuple[int | str, BindSpec, bool]] = []  # (fd or symlink text, spec, is_dir)
-    for b in spec.binds:
-        try:
-            st = os.lstat(b.source)
-        except FileNotFoundError:
-            if b.optional:
-                continue
-            raise
-        if stat.S_ISLNK(st.st_mode):
-            opened.append((os.readlink(b.source), b, False))
-        else:
-            opened.append((_opened(b.source), b, stat.S_ISDIR(st.st_mode)))
-    dev_fds = {}
-    for name in DEVICES:
-        try:
-            dev_fds[name] = _opened(f"/dev/{name}")
-        except OSError:
-            pass
-    return opened, dev_fds
-
-
-def _static_part(root: str, spec: ViewSpec, opened: list[tuple[int | str, BindSpec, bool]],
-                 dev_fds: dict[str, int], step: list[str]) -> None:
-    """What is the same for every run of a profile: root tmpfs, binds, /dev nodes, /etc."""
-    step[0] = "mount:root-tmpfs"
-    mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
-    for d in ("etc", "proc", "dev", "tmp", "run"):
-        os.mkdir(f"{root}/{d}", 0o755)
-    if spec.workdir_fixed:
-        _mkpoint(root + spec.workdir, True)
-
-    step[0] = "mount:binds"
-    for src, b, is_dir in sorted(opened, key=lambda x: x[1].target.count("/")):
-        target = root + b.target
-        if isinstance(src, str):  # merged-/usr symlinks such as /bin -> usr/bin
-            if not os.path.lexists(target):
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                os.symlink(src, target)
-            continue
-        _mkpoint(target, is_dir)
-        _bind_fd(src, target, writable=b.writable)
-        os.close(src)
-
-    step[0] = "mount:dev"
-    dev = f"{root}/dev"
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
-    for name, fd in dev_fds.items():
-        _mkpoint(f"{dev}/{name}", False)
-        _bind_fd(fd, f"{dev}/{name}", writable=True, device=True)
-        os.close(fd)
-    for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                     ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
-        os.symlink(to, f"{dev}/{link}")
-    os.mkdir(f"{dev}/shm", 0o1777)
-    os.mkdir(f"{dev}/pts", 0o755)
-
-    step[0] = "mount:etc"
-    # passwd and group name the run's uid, so they live in the per-run /run.
-    os.symlink("/run/sandboxrun/passwd", f"{root}/etc/passwd")
-    os.symlink("/run/sandboxrun/group", f"{root}/etc/group")
-    _write(f"{root}/etc/hostname", spec.hostname + "\n")
-    _write(f"{root}/etc/hosts", f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
-
-
-def _per_run_part(root: str, spec: ViewSpec, workdir: tuple[str, int], step: list[str]) -> None:
-    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc."""
-    step[0] = "mount:tmp"
-    mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
-    mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
-    os.mkdir(f"{root}/run/sandboxrun", 0o755)
-    _write(f"{root}/run/sandboxrun/passwd", spec.passwd)
-    _write(f"{root}/run/sandboxrun/group", spec.group)
-    dev = f"{root}/dev"
-    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
-    mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
-
-    step[0] = "mount:workdir"
-    target = root + spec.workdir
-    if not os.path.isdir(target):
-        os.makedirs(target, 0o755)  # "same": under the fresh /tmp, or in the root before it is sealed
-    kind, fd = workdir
-    if kind == "tmpfs":
-        owner = f",uid={spec.workdir_owner[0]},gid={spec.workdir_owner[1]}" if spec.workdir_owner else ""
-        mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={spec.workdir_size}{owner}")
-        return _mount_proc(root, step)
-    if kind == "fd":
-        _bind_fd(fd, target, writable=True)
-    else:  # a detached clone of the workdir made before we left the host's mount namespace
-        move_mount(fd, target)
-        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
-        keep = os.statvfs(target).f_flag
-        for st_bit, ms_bit in _LOCKED_FLAGS:
-            if keep & st_bit and ms_bit != MS_RDONLY:
-                flags |= ms_bit
-        mount(None, target, None, flags)
-    os.close(fd)
-    _mount_proc(root, step)
-
-
-def _mount_proc(root: str, step: list[str]) -> None:
-    step[0] = "mount:proc"
-    dev = f"{root}/dev"
-    proc = f"{root}/proc"
-    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in PROC_READONLY:
-        p = f"{proc}/{name}"
-        if os.path.exists(p):
-            mount(p, p, None, MS_BIND | MS_REC)
-            mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    null = f"{dev}/null"
-    for name in PROC_MASKED:
-        p = f"{proc}/{name}"
-        if os.path.isdir(p):
-            mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
-        elif os.path.exists(p) and os.path.exists(null):
-            mount(null, p, None, MS_BIND)
-
-
-def _workdir_tree(spec: ViewSpec, step: list[str]) -> tuple[tuple[str, int], bool]:
-    """A detached clone of the caller's workdir, idmapped onto the run's uid when asked.
-    Returns it and whether the idmap took (a filesystem without idmapped mounts says EINVAL:
-    the caller then runs as the directory's owner instead)."""
-    step[0] = "mount:open-workdir"
-    tree = open_tree(spec.workdir_host)
-    if spec.workdir_idmap is None:
-        return ("tree", tree), False
-    step[0] = "mount:idmap-workdir"
+def _idmap(tree: int, ids: Sequence[int]) -> bool:
+    """Idmap a detached tree onto the run's ids; False where the filesystem cannot (EINVAL)."""
     from .identity import idmap_userns
 
     try:
-        userns = idmap_userns(*spec.workdir_idmap)
+        userns = idmap_userns(*ids)
     except OSError:
-        return ("tree", tree), False
+        return False
     try:
         idmap_tree(tree, userns)
-        return ("tree", tree), True
+        return True
     except OSError:
-        return ("tree", tree), False
+        return False
     finally:
         os.close(userns)
 
 
-def _pivot(root: str, step: list[str]) -> None:
-    step[0] = "pivot_root"
-    os.chdir(root)
-    pivot_root(".", ".")  # runc's trick: stack the old root on the new, then detach it
-    umount2(".", MNT_DETACH)
-    os.chdir("/")
-
-
-def _seal_root(step: list[str]) -> None:
-    step[0] = "mount:root-readonly"
-    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+def apply(view: ViewOps, step: list[str]) -> bool:
+    """Run the operations in this process (as stage.c does); `step[0]` names the sub-step
+    for error reports. False when the workdir could not be idmapped: the caller then runs
+    as the directory's owner."""
+    slots: dict[int, int] = {}
+    idmapped = True
+    try:
+        for code, *a in view.ops:
+            if code == "q":
+                step[0] = a[0]
+            elif code == "m":
+                mount(a[0] or None, a[1], a[2] or None, a[3], a[4] or None)
+            elif code == "o":
+                try:
+                    slots[a[0]] = os.open(a[1], os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    if not a[2]:
+                        raise
+            elif code == "b":
+                fd = slots.pop(a[0], -1)
+                if fd >= 0:  # else an optional source that was absent
+                    try:
+                        _mkpoint(a[1], a[4])
+                        _bind_fd(fd, a[1], writable=a[2], device=a[3])
+                    finally:
+                        os.close(fd)
+            elif code == "k":
+                os.mkdir(a[0], a[1])
+            elif code == "K":
+                _mkpoint(a[0], a[1])
+            elif code == "D":
+                if not os.path.isdir(a[0]):
+                    os.makedirs(a[0], 0o755)
+            elif code == "l":
+                if a[2]:
+                    if os.path.lexists(a[1]):
+                        continue
+                    os.makedirs(os.path.dirname(a[1]), exist_ok=True)
+                os.symlink(a[0], a[1])
+            elif code == "w":
+                _write(a[0], a[2], a[1])
+            elif code == "W":
+                slots[a[0]] = open_tree(a[1])
+                if len(a) > 2:
+                    step[0] = "mount:idmap-workdir"
+                    idmapped = _idmap(slots[a[0]], a[2:6])
+            elif code == "M":
+                tree = slots.pop(a[0])
+                try:
+                    move_mount(tree, a[1])
+                finally:
+                    os.close(tree)
+                _remount(a[1], MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, os.statvfs(a[1]).f_flag, writable=True)
+            elif code == "r":
+                if os.path.exists(a[0]):
+                    mount(a[0], a[0], None, MS_BIND | MS_REC)
+                    mount(None, a[0], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            elif code == "x":
+                if os.path.isdir(a[0]):
+                    mount("tmpfs", a[0], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
+                elif os.path.exists(a[0]) and os.path.exists(a[1]):
+                    mount(a[1], a[0], None, MS_BIND)
+            elif code == "P":
+                os.chdir(a[0])
+                pivot_root(".", ".")  # runc's trick: stack the old root on the new, then detach it
+                umount2(".", MNT_DETACH)
+                os.chdir("/")
+            elif code == "e":
+                setns(a[0], a[1])
+            elif code == "u":
+                unshare(a[0])
+            elif code == "c":
+                os.chdir(a[0])
+            else:
+                raise ValueError(f"unknown view operation {code!r}")
+    finally:
+        for fd in slots.values():
+            os.close(fd)
+    return idmapped
 
 
 def build_view(spec: ViewSpec, step: list[str]) -> bool:
     """Build the whole view in our fresh mount namespace and pivot into it.
-    `step[0]` names the sub-step for error reports. True when the workdir is idmapped."""
-    step[0] = "mount:private"
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    step[0] = "mount:open-sources"
-    opened, dev_fds = _open_sources(spec)
-    work: tuple[str, int] = ("tmpfs", -1)
-    idmapped = False
-    if spec.workdir_idmap is not None:
-        work, idmapped = _workdir_tree(spec, step)
-    elif spec.workdir_host:
-        work = ("fd", os.open(spec.workdir_host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-    _static_part(NEW_ROOT, spec, opened, dev_fds, step)
-    _per_run_part(NEW_ROOT, spec, work, step)  # /proc before pivot: rootless needs a visible one
-    _pivot(NEW_ROOT, step)
-    _seal_root(step)
-    os.chdir(spec.workdir)
-    return idmapped
+    True unless the workdir should have been idmapped and could not be."""
+    return apply(view_ops(spec), step)
 
 
 def build_template(spec: ViewSpec, step: list[str]) -> None:
-    """The static part of a view, pivoted into and sealed, in the calling process's fresh
-    mount namespace: a template that runs copy (enter_template) instead of rebuilding it.
-    Saves each run the binds, the pivot and the detach of the host's mount tree."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    opened, dev_fds = _open_sources(spec)
-    _static_part(NEW_ROOT, spec, opened, dev_fds, step)
-    _pivot(NEW_ROOT, step)
-    _seal_root(step)
+    """A view's static part in the calling process's fresh mount namespace (see template_ops)."""
+    apply(template_ops(spec), step)
 
 
 def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> bool:
     """Per run: clone the workdir while still in the host's namespace, switch to a private
     copy of the template, add the per-run mounts. The template's root tmpfs is shared and
     read-only; every writable place is a per-run mount."""
-    work: tuple[str, int] = ("tmpfs", -1)
-    idmapped = False
-    if spec.workdir_host:
-        work, idmapped = _workdir_tree(spec, step)
-    step[0] = "mount:enter-template"
-    setns(template_fd, CLONE_NEWNS)
-    unshare(CLONE_NEWNS)
-    os.chdir("/")
-    if not os.path.isdir(spec.workdir):
-        raise OSError(2, f"the template has no mount point for {spec.workdir}")
-    _per_run_part("", spec, work, step)
-    os.chdir(spec.workdir)
-    return idmapped
+    return apply(view_ops(spec, template_fd), step)
 
 
 def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
