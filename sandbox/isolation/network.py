@@ -67,10 +67,16 @@ class ReadyNamespaces:
             self._fds.clear()
 
     def refill(self) -> None:
-        with self._lock:
-            self._check_owner()
-            if self.broken or len(self._fds) >= self.size:
+        """Make namespaces until `size` are ready (concurrent runs may each have taken one)."""
+        while True:
+            with self._lock:
+                self._check_owner()
+                if self.broken or len(self._fds) >= self.size:
+                    return
+            if not self._make_one():
                 return
+
+    def _make_one(self) -> bool:
         from .syscalls import CLONE_NEWNET, setns, unshare
 
         here = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -80,7 +86,7 @@ class ReadyNamespaces:
         except OSError as e:
             os.close(here)
             self.broken = str(e)  # the run's own unshare reports the cause, if it matters
-            return
+            return False
         try:
             loopback_up()
             fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -94,6 +100,7 @@ class ReadyNamespaces:
             finally:
                 os.close(here)
         if fd < 0:
-            return
+            return False
         with self._lock:
             self._fds.append(fd)
+        return True
