@@ -505,7 +505,7 @@ def execute(req: Request) -> Result:
             os.close(netns)  # the child holds it now
             opened.remove(netns)
         if ready is not None and plan.loopback:
-            ready.refill()  # for the next run, while this one's child sets itself up
+            ready.refill()  # wakes the thread that makes the next runs' namespaces
         if req.pty_master is not None:
             os.close(out_r)  # the terminal carries both streams
             opened.remove(out_r)

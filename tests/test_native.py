@@ -117,7 +117,7 @@ def test_ready_network_namespaces_are_dropped_in_a_forked_caller() -> None:
     from sandbox import supervisor
 
     ready = supervisor._native.netns
-    assert ready is not None and ready.fds()
+    assert ready is not None and ready.wait_ready() and ready.fds()
     pid = os.fork()
     if pid == 0:  # the child must not hand out namespaces its parent also holds
         try:

@@ -26,12 +26,13 @@ def loopback_up() -> None:
 class ReadyNamespaces:
     """A few fresh network namespaces with loopback up, made ahead of the runs that use them.
 
-    Creating a network namespace is the costliest namespace (~0.6 ms with loopback up).
-    A long-lived supervisor makes the next one right after it has started a child, in
-    the same thread, while the child sets itself up on another CPU: the run then only
-    setns()es into it. unshare(CLONE_NEWNET) changes the calling thread alone, which
-    returns to its own namespace at once. Each namespace serves one run and is never
-    reused (a used one keeps state: TIME_WAIT sockets, abstract socket names).
+    Creating a network namespace is the costliest namespace (~1 ms with loopback up, and
+    as much again for the kernel to tear it down). A long-lived supervisor keeps a few
+    ready; the run's stage only setns()es into one. They are made by a thread of ours
+    ("sandboxrun-netns"), woken after each spawn: unshare(CLONE_NEWNET) moves that thread
+    alone, which returns to its own namespace at once, and being another thread it runs on
+    another CPU than the stage it would otherwise slow down. Each namespace serves one run
+    and is never reused (a used one keeps state: TIME_WAIT sockets, abstract socket names).
     """
 
     def __init__(self, size: int = 2) -> None:
@@ -40,6 +41,9 @@ class ReadyNamespaces:
         self.size = size
         self._fds: list[int] = []
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+        self._stop = False
         self._owner = os.getpid()
         self.broken: str | None = None  # why namespaces are not made ahead here
 
@@ -48,6 +52,7 @@ class ReadyNamespaces:
             for fd in self._fds:
                 os.close(fd)
             self._fds.clear()
+            self._worker = None  # threads do not survive a fork
             self._owner = os.getpid()
 
     def take(self) -> int:
@@ -65,15 +70,48 @@ class ReadyNamespaces:
             for fd in self._fds:
                 os.close(fd)
             self._fds.clear()
+            self._stop = True
+            self._wake.notify()
 
     def refill(self) -> None:
-        """Make namespaces until `size` are ready (concurrent runs may each have taken one)."""
+        """Have the thread make namespaces until `size` are ready; returns at once."""
+        import threading
+
+        with self._lock:
+            self._check_owner()
+            if self.broken or len(self._fds) >= self.size:
+                return
+            self._stop = False
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._work, name="sandboxrun-netns", daemon=True)
+                self._worker.start()
+            self._wake.notify()
+
+    def wait_ready(self, timeout: float = 5.0) -> bool:
+        """Until `size` namespaces are ready (or making them is broken); for tests and audits."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.broken or len(self._fds) >= self.size:
+                    return True
+            time.sleep(0.001)
+        return False
+
+    def _work(self) -> None:
+        me = os.getpid()
         while True:
             with self._lock:
-                self._check_owner()
-                if self.broken or len(self._fds) >= self.size:
+                while not self._stop and self._owner == me and not self.broken and len(self._fds) >= self.size:
+                    self._wake.wait()
+                if self._stop or self._owner != me or self.broken:
                     return
-            if not self._make_one():
+            try:
+                if not self._make_one():
+                    return
+            except RuntimeError as e:  # this thread could not return to its namespace: stop here
+                self.broken = str(e)
                 return
 
     def _make_one(self) -> bool:
@@ -95,12 +133,15 @@ class ReadyNamespaces:
         finally:
             try:
                 setns(here, CLONE_NEWNET)
-            except OSError as e:  # never leave the caller's thread cut off from its network
+            except OSError as e:  # never keep making namespaces from inside one
                 raise RuntimeError(f"sandboxrun: cannot return this thread to its network namespace: {e}") from e
             finally:
                 os.close(here)
         if fd < 0:
             return False
         with self._lock:
+            if self._stop:  # closed meanwhile
+                os.close(fd)
+                return False
             self._fds.append(fd)
         return True
