@@ -105,6 +105,34 @@ def test_stage_is_born_pid_1_as_our_child_and_our_thread_keeps_its_namespace() -
     assert sandbox.run(["/bin/true"]).status == "ok"  # a second unshare works: the first was undone
 
 
+def test_a_thread_stuck_in_the_new_pid_namespace_leaves_no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the thread cannot return to its own pid namespace, the stage it started is killed
+    and reaped, and the caller gets an error (never a run from a thread in the wrong place)."""
+    import threading
+
+    from sandbox.native import launch
+
+    spawned: list[int] = []
+    real_spawn = os.posix_spawn
+    monkeypatch.setattr(launch.os, "posix_spawn", lambda *a, **k: spawned.append(real_spawn(*a, **k)) or spawned[-1])
+    monkeypatch.setattr(launch, "setns", lambda fd, nstype: (_ for _ in ()).throw(OSError(1, "refused (test)")))
+    raised: list[BaseException] = []
+
+    def body() -> None:  # its own thread: it ends, and its pid namespace for children with it
+        try:
+            launch._spawn_stage(native.stage_path() or "", "sandboxrun-init", ops.Program().bytes(),
+                                {}, pid1=True)
+        except BaseException as e:  # noqa: BLE001
+            raised.append(e)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError) and len(spawned) == 1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(spawned[0], os.WNOHANG)  # killed and reaped already
+
+
 def test_a_ready_network_namespace_serves_one_run_only() -> None:
     seen = [sandbox.run(["readlink", "/proc/self/ns/net"]).stdout.strip() for _ in range(6)]
     assert len(set(seen)) == 6, seen

@@ -37,11 +37,19 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
             high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
             temps.append(high)
             actions.append((os.POSIX_SPAWN_DUP2, high, target))
-        with _new_pid_namespace() if pid1 else contextlib.nullcontext():
-            try:
-                return os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
-            except OSError as e:
-                raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
+        pid = -1
+        try:
+            with _new_pid_namespace() if pid1 else contextlib.nullcontext():
+                try:
+                    pid = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+                except OSError as e:
+                    raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
+        except RuntimeError:  # started, but this thread is stuck in its namespace: no run from here
+            if pid > 0:
+                os.kill(pid, 9)
+                _reap(pid)
+            raise
+        return pid
     finally:
         for fd in (memfd, *temps):
             os.close(fd)
