@@ -177,3 +177,20 @@ def test_views_with_more_binds_than_the_stage_holds_still_run(tmp_path) -> None:
         binds.append(f"{tmp_path}/d{i}:/mnt/d{i}")
     r = sandbox.run(["sh", "-c", "ls /mnt | wc -l"], ro_bind=binds)
     assert r.status == "ok" and int(r.stdout) == len(binds), r
+
+
+def test_a_new_build_keeps_a_few_builds_of_other_versions(tmp_path) -> None:
+    """Another installed version may be running: its stage must not vanish under it."""
+    for i in range(7):
+        f = tmp_path / f"stage-old{i}"
+        f.write_bytes(b"")
+        os.utime(f, ns=(i * 10**9, i * 10**9))
+    (tmp_path / "stage-new").write_bytes(b"")
+    (tmp_path / "seccomp-default-x.bpf").write_bytes(b"")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        native.prune_builds(dfd, "stage-new", keep=4)
+    finally:
+        os.close(dfd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "seccomp-default-x.bpf", "stage-new", "stage-old3", "stage-old4", "stage-old5", "stage-old6"]

@@ -55,12 +55,7 @@ def _compile(dfd: int, name: str, cache: str) -> None:
             if r.returncode == 0:
                 os.chmod(out, 0o700)
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                for old in os.listdir(dfd):  # builds of earlier sources
-                    if old.startswith("stage-") and old != name:
-                        try:
-                            os.unlink(old, dir_fd=dfd)
-                        except OSError:
-                            pass
+                prune_builds(dfd, name)
                 return
             lines = r.stderr.strip().splitlines()
             errors = lines[-1] if lines else f"exit {r.returncode}"
@@ -72,6 +67,26 @@ def _compile(dfd: int, name: str, cache: str) -> None:
         except OSError:
             pass
     raise OSError(0, f"cannot build the native stage with {cc}: {errors}")
+
+
+KEEP_BUILDS = 4  # of other sources: a process of another installed version may still spawn its own
+
+
+def prune_builds(dfd: int, current: str, keep: int = KEEP_BUILDS) -> None:
+    """Remove builds of other sources but the `keep` newest: deleting every other build would
+    make a long-running process of another version fail its next run."""
+    others = []
+    for entry in os.listdir(dfd):
+        if entry.startswith("stage-") and entry != current:
+            try:
+                others.append((os.stat(entry, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, entry))
+            except OSError:
+                pass
+    for _, entry in sorted(others, reverse=True)[keep:]:
+        try:
+            os.unlink(entry, dir_fd=dfd)
+        except OSError:
+            pass
 
 
 def stage_path() -> str | None:
