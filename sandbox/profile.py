@@ -231,10 +231,30 @@ def _store_parsed(path: Path, raw: dict[str, Any]) -> None:
     name, stamp = entry  # type: ignore[misc]
     try:
         seccomp._write_cached(dfd, name, marshal.dumps((stamp, raw)))
+        _prune_parsed(dfd)
     except (ValueError, OSError):
         pass  # unmarshallable (datetimes in a profile) or a read-only disk: parse next time
     finally:
         os.close(dfd)
+
+
+PARSED_CACHE_MAX = 64  # profile files: search dirs come and go (a test's temp dir, an old checkout)
+
+
+def _prune_parsed(dfd: int) -> None:
+    """Keep the newest PARSED_CACHE_MAX parsed profiles (a miss only costs a TOML parse)."""
+    entries = []
+    for e in os.listdir(dfd):
+        if e.startswith("profile-") and e.endswith(".marshal"):
+            try:
+                entries.append((os.stat(e, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, e))
+            except OSError:
+                pass
+    for _, e in sorted(entries, reverse=True)[PARSED_CACHE_MAX:]:
+        try:
+            os.unlink(e, dir_fd=dfd)
+        except OSError:
+            pass
 
 
 def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:

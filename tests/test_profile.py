@@ -153,3 +153,15 @@ def test_planted_cache_entry_with_another_stamp_is_ignored(profile_cache) -> Non
     entry.write_bytes(marshal.dumps(((0, 0, 0), {"limits": {"memory": "9GiB"}})))
     profile_mod._cache.clear()
     assert load("mine").limits.memory == 2**30
+
+
+def test_parsed_profile_cache_is_bounded(profile_cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Search dirs come and go (each test's temp dir): the cache keeps the newest entries only."""
+    from sandbox import profile as profile_mod
+
+    cache, named = profile_cache
+    monkeypatch.setattr(profile_mod, "PARSED_CACHE_MAX", 5)
+    for i in range(9):
+        (named / f"p{i}.toml").write_text('[limits]\nmemory = "1GiB"\n')
+        assert load(f"p{i}").limits.memory == 2**30
+    assert len(_cached_files(cache)) == 5
