@@ -243,18 +243,9 @@ PARSED_CACHE_MAX = 64  # profile files: search dirs come and go (a test's temp d
 
 def _prune_parsed(dfd: int) -> None:
     """Keep the newest PARSED_CACHE_MAX parsed profiles (a miss only costs a TOML parse)."""
-    entries = []
-    for e in os.listdir(dfd):
-        if e.startswith("profile-") and e.endswith(".marshal"):
-            try:
-                entries.append((os.stat(e, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, e))
-            except OSError:
-                pass
-    for _, e in sorted(entries, reverse=True)[PARSED_CACHE_MAX:]:
-        try:
-            os.unlink(e, dir_fd=dfd)
-        except OSError:
-            pass
+    from .isolation.seccomp import prune_cache
+
+    prune_cache(dfd, PARSED_CACHE_MAX, lambda e: e.startswith("profile-") and e.endswith(".marshal"))
 
 
 def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,10 @@ import errno
 import os
 import stat
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 POLICIES = ("default", "off")
 
 # Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
@@ -450,6 +454,22 @@ def _write_cached(dfd: int, fname: str, prog: bytes) -> None:
     except OSError:
         try:
             os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+
+
+def prune_cache(dfd: int, keep: int, match: "Callable[[str], bool]") -> None:
+    """In a cache dir, remove the entries `match` selects but the `keep` newest (by mtime)."""
+    entries = []
+    for e in os.listdir(dfd):
+        if match(e):
+            try:
+                entries.append((os.stat(e, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, e))
+            except OSError:
+                pass
+    for _, e in sorted(entries, reverse=True)[keep:]:
+        try:
+            os.unlink(e, dir_fd=dfd)
         except OSError:
             pass
 

@@ -75,18 +75,9 @@ KEEP_BUILDS = 4  # of other sources: a process of another installed version may 
 def prune_builds(dfd: int, current: str, keep: int = KEEP_BUILDS) -> None:
     """Remove builds of other sources but the `keep` newest: deleting every other build would
     make a long-running process of another version fail its next run."""
-    others = []
-    for entry in os.listdir(dfd):
-        if entry.startswith("stage-") and entry != current:
-            try:
-                others.append((os.stat(entry, dir_fd=dfd, follow_symlinks=False).st_mtime_ns, entry))
-            except OSError:
-                pass
-    for _, entry in sorted(others, reverse=True)[keep:]:
-        try:
-            os.unlink(entry, dir_fd=dfd)
-        except OSError:
-            pass
+    from ..isolation.seccomp import prune_cache
+
+    prune_cache(dfd, keep, lambda e: e.startswith("stage-") and e != current)
 
 
 def stage_path() -> str | None:
