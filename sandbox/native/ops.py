@@ -44,9 +44,6 @@ class Program:
         if name == self.fail_step:  # test-only fault injection: SANDBOXRUN_FAIL_STEP=<step>
             self.op("F", 5, "injected failure (SANDBOXRUN_FAIL_STEP)")
 
-    def sub(self, name: str) -> None:
-        self.op("q", name)
-
     def extend(self, view: ViewOps) -> None:
         """The filesystem view's operations (isolation/filesystem.py), encoded as records."""
         for code, *args in view.ops:
