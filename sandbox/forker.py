@@ -32,6 +32,7 @@ from .record import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import resource
     import socket
 
 
@@ -203,13 +204,17 @@ class Launched:
     pid: int
     pidfd: int
     direct: bool  # we are the parent and must reap
+    pid1: bool = False  # it is PID 1 of the run's pid namespace: its usage is the whole tree's
 
-    def reap(self) -> None:
+    def reap(self) -> resource.struct_rusage | None:
+        """Wait for it; its resource usage where we are its parent (with that of every
+        process it reaped: as PID 1, all of the run's)."""
         if self.direct:
             try:
-                os.waitpid(self.pid, 0)
+                return os.wait4(self.pid, 0)[2]
             except ChildProcessError:
                 pass
+        return None
 
 
 class DirectForker(_ForkSide):

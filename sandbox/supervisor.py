@@ -436,15 +436,6 @@ def execute(req: Request) -> Result:
     check_size(argv, req.env)
     cg: cgroups.RunCgroup | None = None
     cg_error: str | None = None
-    if prof.cgroup != "off":
-        try:
-            backend = cgroups.detect()
-            cg = backend.create(cgroups.CgroupLimits(prof.limits.memory, prof.limits.processes, prof.limits.cpus,
-                                                     freezer="pid" not in prof.namespaces))
-        except OSError as e:
-            cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
-            if prof.cgroup == "required":
-                return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
     work: _Workdir | None = None
     lease = None
     opened: list[int] = []
@@ -454,6 +445,19 @@ def execute(req: Request) -> Result:
         if work.fresh and work.path and not _rootless():
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
+        forker = _forker(plan)
+        if prof.cgroup != "off":
+            # PID 1 reaps every process of its namespace and we reap PID 1: wait4 then
+            # gives the whole tree's CPU time, and v1 needs no cpuacct hierarchy for it.
+            whole_tree = plan.pid_namespace and getattr(forker, "reaps_pid1", False)
+            try:
+                cg = cgroups.detect().create(cgroups.CgroupLimits(
+                    prof.limits.memory, prof.limits.processes, prof.limits.cpus,
+                    freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree))
+            except OSError as e:
+                cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
+                if prof.cgroup == "required":
+                    return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
         out_r, out_w = _pipe(1 << 20)
         err_r, err_w = _pipe(1 << 20)
         rep_r, rep_w = _pipe()
@@ -472,7 +476,6 @@ def execute(req: Request) -> Result:
                 in_r = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
                 opened.append(in_r)
         cg_fds: list[int] = []
-        forker = _forker(plan)
         self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
         if self_join:
             assert cg is not None
@@ -683,13 +686,18 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
             os.close(stdin_w)
         if exited_at is None:
             _send(launched, signal.SIGKILL)
-        launched.reap()
+        rusage = launched.reap()
         os.close(launched.pidfd)
     duration = time.monotonic() - started
     stats = cg.stats() if cg else None
     usage = Usage(wall_s=round(duration, 6))
     usage.cpu_user_s, usage.cpu_sys_s = report.utime, report.stime
     usage.peak_memory_bytes = report.maxrss_kb * 1024
+    if rusage is not None and launched.pid1:
+        # All of the run's processes, those killed at its end included (the kernel's
+        # own accounting; a v1 cpuacct would split user/sys by ticks).
+        # Not its ru_maxrss: born by vfork, it inherited the supervisor's own peak at exec.
+        usage.cpu_user_s, usage.cpu_sys_s = round(rusage.ru_utime, 6), round(rusage.ru_stime, 6)
     if stats is not None:
         if stats.cpu_user_s is not None:
             usage.cpu_user_s, usage.cpu_sys_s = round(stats.cpu_user_s, 6), round(stats.cpu_sys_s or 0.0, 6)

@@ -194,3 +194,24 @@ def test_a_new_build_keeps_a_few_builds_of_other_versions(tmp_path) -> None:
         os.close(dfd)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "seccomp-default-x.bpf", "stage-new", "stage-old3", "stage-old4", "stage-old5", "stage-old6"]
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_cpu_usage_counts_processes_killed_at_the_end(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    # A background spinner outlives the command and is killed with the sandbox: its CPU time
+    # is the run's too (the kernel would reap it without adding it to PID 1's children).
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    r = sandbox.run(["sh", "-c", "python3 -c 'while 1: pass' & sleep 0.6"])
+    assert r.status == "ok", r
+    assert r.usage.cpu_user_s + r.usage.cpu_sys_s >= 0.3, r.usage
+
+
+def test_peak_memory_is_the_runs_not_the_supervisors() -> None:
+    # The stage is born by vfork from this process: at exec the kernel carries our own peak
+    # RSS into its ru_maxrss, so that figure must not reach the Result.
+    ballast = bytearray(160 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident
+    r = sandbox.run(["true"])
+    assert r.status == "ok", r
+    assert r.usage.peak_memory_bytes < 64 << 20, r.usage
+    del ballast

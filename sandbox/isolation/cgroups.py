@@ -46,6 +46,9 @@ class CgroupLimits:
     cpus: float | None
     # v1 freezer: only needed to kill processes that are not all in one pid namespace
     freezer: bool = True
+    # v1 cpuacct: only needed where the supervisor cannot take the CPU time of the whole
+    # tree from wait4 on its PID 1 (the kernel adds every reaped process to its parent's)
+    cpu_usage: bool = True
 
 
 @record
@@ -274,7 +277,8 @@ class V1Backend(Backend):
         name = _name()
         dirs: list[str] = []
         try:
-            wanted = {c: p for c, p in self.mounts.items() if c != "freezer" or limits.freezer}
+            skip = {"freezer": not limits.freezer, "cpuacct": not limits.cpu_usage, "cpu": not limits.cpus}
+            wanted = {c: p for c, p in self.mounts.items() if not skip.get(c)}
             for base in dict.fromkeys(wanted.values()):
                 d = os.path.join(base, name)
                 os.mkdir(d, 0o755)

@@ -100,6 +100,7 @@ class NativeForker:
     """Spawns each run's stage; keeps prepared mount-namespace templates when long-lived."""
 
     joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_tasks)
+    reaps_pid1 = True  # a run with a pid namespace: its PID 1 is our child (Launched.pid1)
 
     def __init__(self, *, templates: bool) -> None:
         self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
@@ -179,7 +180,7 @@ class NativeForker:
             where[ops.TEMPLATE_FD] = template
         pid = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where,
                            pid1=plan.pid_namespace)
-        return Launched(pid, os.pidfd_open(pid), True)
+        return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace)
 
     def close(self) -> None:
         with self._lock:
