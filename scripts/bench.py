@@ -15,7 +15,8 @@ so that a slow `python3` shim on PATH cannot skew one side):
 * /bin/true: subprocess.run, subprocess.run(bwrap strict), sandbox.run (strict)
 * python3 -c pass: the same three
 * throughput of short Python programs at concurrency = CPUs: ThreadPoolExecutor +
-  subprocess.run (bare, bwrap), sandbox.run_many, `sandboxrun batch`
+  subprocess.run (bare, bwrap), sandbox.run_many, `sandboxrun batch`, and one
+  `sandboxrun -- PROGRAM` process per program (no goal: what shelling out per snippet costs)
 * CLI: `sandboxrun --profile strict -- /bin/true` vs `python -c pass` (the CLI's
   own interpreter), both as subprocesses
 * supervisor peak RSS and drain rate for 1 MiB, 64 MiB, 1 GiB of stdout, each
@@ -232,6 +233,16 @@ def _cli_batch(jsonl: str, workers: int, cli: list[str]) -> int:
     return sum(json.loads(line).get("success", False) for line in p.stdout.splitlines() if line.strip())
 
 
+def _cli_each(argvs: list[list[str]], workers: int, cli: list[str]) -> int:
+    """One `sandboxrun` process per program: what a caller pays that shells out per snippet."""
+    def one(a: list[str]) -> bool:
+        return subprocess.run([*cli, "--profile", "strict", "--", *a], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=60).returncode == 0
+
+    with ThreadPoolExecutor(workers) as ex:
+        return sum(ex.map(one, argvs))
+
+
 def _host_busy_s() -> float:
     """CPU seconds the whole host has spent busy (not idle or waiting for I/O), from /proc/stat:
     the sandbox's cost includes kernel threads (namespace and cgroup teardown) and the supervisor."""
@@ -251,6 +262,7 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
             "tput_bare": ("ThreadPoolExecutor + subprocess.run", lambda: _bare_pool(argvs, workers)),
             "tput_run_many": ("sandbox.run_many", lambda: _run_many(argvs, workers)),
             "tput_cli_batch": ("sandboxrun batch FILE.jsonl", lambda: _cli_batch(f.name, workers, cli)),
+            "tput_cli_each": ("a `sandboxrun -- PROGRAM` process per program", lambda: _cli_each(argvs, workers, cli)),
         }
         if bwrap:
             modes["tput_bwrap"] = ("ThreadPoolExecutor + subprocess.run(bwrap strict)", lambda: _bare_pool(bw, workers))
@@ -385,7 +397,8 @@ def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, 
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[dev]'): no chart"
     v = {k: (c.value if c.value is not None and not c.error else 0.0) for k, c in cases.items()}
-    colors = {"bare": "#8c8c8c", "bwrap": "#d9822b", "sandboxrun": "#2b6cb0", "batch CLI": "#5a9bd5"}
+    colors = {"bare": "#8c8c8c", "bwrap": "#d9822b", "sandboxrun": "#2b6cb0", "batch CLI": "#5a9bd5",
+              "CLI each": "#a3c4e8"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.3]})
     ax = axes[0]
     groups = [("/bin/true", "true"), ("python -c pass", "py")]
@@ -400,11 +413,11 @@ def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, 
     ax.legend(fontsize=8)
     ax = axes[1]
     names = [("bare", "tput_bare"), ("bwrap", "tput_bwrap"), ("sandboxrun", "tput_run_many"),
-             ("batch CLI", "tput_cli_batch")]
+             ("batch CLI", "tput_cli_batch"), ("CLI each", "tput_cli_each")]
     for j, (who, key) in enumerate(names):
         ax.bar(j, v.get(key, 0.0), color=colors[who])
         ax.text(j, v.get(key, 0.0), f"{v.get(key, 0.0):.0f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(names)), ["bare", "bwrap", "run_many", "batch CLI"])
+    ax.set_xticks(range(len(names)), ["bare", "bwrap", "run_many", "batch CLI", "CLI each"], fontsize=8)
     ax.set_ylabel("programs per second (higher is better)")
     ax.set_title(f"throughput, concurrency {meta['cpus']}")
     ax = axes[2]

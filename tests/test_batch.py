@@ -250,7 +250,7 @@ def test_bench_smoke(isolated, tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     cases = {c["name"]: c for c in doc["cases"]}
     for name in ("bare_true", "sandbox_true", "bare_py", "sandbox_py", "cli_true", "cli_bare_py",
-                 "tput_bare", "tput_run_many", "tput_cli_batch", "cpu_bare", "cpu_run_many", "rss_spread",
+                 "tput_bare", "tput_run_many", "tput_cli_batch", "tput_cli_each", "cpu_bare", "cpu_run_many", "rss_spread",
                  "drain_rate"):
         assert cases[name]["value"] is not None and cases[name]["error"] is None, cases[name]
     assert len(cases["sandbox_true"]["samples"]) == 2
