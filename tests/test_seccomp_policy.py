@@ -391,6 +391,43 @@ def test_describe_and_skipped() -> None:
     assert not critical & set(skipped)
 
 
+# --- syscalls newer than the review ------------------------------------------------------------------
+
+CACHESTAT, FILE_SETATTR = 451, 469  # Linux 6.5 and 6.17; the same number on x86_64 and aarch64
+
+
+def _call(nr: int) -> Op:
+    return lambda: raw(nr, -1, 0, 0, 0, 0)  # fd -1 / NULL: refused by the syscall itself, not run
+
+
+def test_a_syscall_newer_than_the_review_gets_enosys(tmp_path: Path) -> None:
+    # Proven on a syscall this kernel has: with the review's line moved below cachestat,
+    # cachestat answers ENOSYS, as a syscall from a future kernel would with the real line.
+    if run_in_child(_call(CACHESTAT), None) == "ENOSYS":
+        pytest.skip("this kernel has no cachestat (Linux < 6.5)")
+    assert run_in_child(_call(CACHESTAT), seccomp.compile_policy(newest=CACHESTAT - 1)) == "ENOSYS"
+    assert run_in_child(_call(CACHESTAT), seccomp.compile_policy()) == "EBADF"
+
+
+def test_the_newest_reviewed_syscall_still_reaches_the_kernel(bpf: bytes) -> None:
+    bare = run_in_child(_call(FILE_SETATTR), None)
+    if bare == "ENOSYS":
+        pytest.skip("this kernel has no file_setattr (Linux < 6.17)")
+    assert run_in_child(_call(FILE_SETATTR), bpf) == bare
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's unassigned range")
+def test_x86_64_numbers_unassigned_below_424_get_enosys(tmp_path: Path) -> None:
+    # statx (332) stands in for a syscall added to the range one day: moved into the range it is
+    # ENOSYS; outside it, the kernel answers. The real range (337..423) holds no syscall yet.
+    assert run_in_child(_call(NR_STATX), seccomp.compile_policy(gap=(330, 423))) == "ENOSYS"
+    assert run_in_child(_call(NR_STATX), seccomp.compile_policy()) != "ENOSYS"
+    assert "337..423" in "\n".join(seccomp.describe_policy())
+
+
+NR_STATX = 332
+
+
 # --- disk cache -------------------------------------------------------------------------------------
 
 ALLOW_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000)  # "ret ALLOW": what an attacker would plant
