@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -157,6 +158,7 @@ def test_soak_leaves_nothing_behind(contained, private_tmp: Path, request: pytes
             wrong.append(f"{name}: {detail}")
 
     rss = [before.rss_bytes]
+    blocks = [sys.getallocatedblocks()]  # Python objects still referenced: grows with a Python leak only
     for _half in range(2):
         for kind in plan(sequential // 2, 10):
             record(run_one(kind, mark))
@@ -165,6 +167,7 @@ def test_soak_leaves_nothing_behind(contained, private_tmp: Path, request: pytes
                 record(res)
         _settle_allocator()
         rss.append(leaks.snapshot(temp_bases=bases).rss_bytes)
+        blocks.append(sys.getallocatedblocks())
     elapsed = time.monotonic() - started
 
     # Teardown may lag a run's return by a moment (cgroup rmdir, reaping): a bounded wait.
@@ -180,7 +183,8 @@ def test_soak_leaves_nothing_behind(contained, private_tmp: Path, request: pytes
 
     summary = (f"{sequential} sequential + {concurrent} concurrent runs in {elapsed:.1f}s; "
                f"fds {before.fds}->{after.fds}, threads {before.threads}->{after.threads}, "
-               f"rss {'->'.join(str(r >> 20) for r in rss)} MiB (per half); "
+               f"rss {'->'.join(str(r >> 20) for r in rss)} MiB (per half), "
+               f"Python blocks {'->'.join(str(b) for b in blocks)}; "
                + ", ".join(f"{name} {n}" for (name, ok), n in sorted(outcomes.items()) if ok))
     print("\nsoak:", summary)
     request.node.user_properties.append(("soak", summary))
