@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,6 +220,35 @@ def test_cli_batch_file_in_order(isolated, tmp_path: Path) -> None:
     assert lines[1]["exit_code"] == 4 and lines[1]["status"] == "nonzero_exit"
     assert lines[2]["line"] == 4 and "invalid JSON" in lines[2]["error"]
     assert b"\r" not in r.stderr  # no progress bar when stderr is not a terminal
+
+
+def _validator(name: str) -> Any:
+    """A validator for one of the package's schemas, with both schemas registered for $ref."""
+    jsonschema = pytest.importorskip("jsonschema")
+    referencing = pytest.importorskip("referencing")
+    here = Path(sandbox.__file__).parent
+    docs = {n: json.loads((here / n).read_text()) for n in ("result.schema.json", "batch.schema.json")}
+    registry = referencing.Registry().with_resources(
+        (d["$id"], referencing.Resource.from_contents(d)) for d in docs.values())
+    return jsonschema.Draft202012Validator(docs[name], registry=registry)
+
+
+def test_batch_lines_match_the_published_schemas(isolated, tmp_path: Path) -> None:
+    # Every output line (a run, or a line that could not be run) against batch.schema.json;
+    # the runs against result.schema.json too: what a consumer validating the stream checks.
+    f = tmp_path / "reqs.jsonl"
+    f.write_text("\n".join([json.dumps({"command": ["echo", "a"], "id": "a"}), "{broken",
+                            json.dumps({"command": ["true"], "nope": 1}),
+                            json.dumps({"command": "exit 3", "shell": True, "timeout": 5})]) + "\n")
+    lines = [json.loads(x) for x in cli("batch", str(f)).stdout.splitlines()]
+    batch, result = _validator("batch.schema.json"), _validator("result.schema.json")
+    assert [d["status"] for d in lines] == ["ok", "invalid_request", "invalid_request", "nonzero_exit"]
+    for d in lines:
+        batch.validate(d)
+    for d in (lines[0], lines[3]):
+        result.validate(d)
+    assert not result.is_valid(lines[1])  # why a batch stream needs its own schema
+    assert not batch.is_valid({**lines[1], "status": "ok"}) and not batch.is_valid({"id": 1})
 
 
 def test_cli_batch_stdin_unordered_all_valid(isolated) -> None:
