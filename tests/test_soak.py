@@ -12,9 +12,10 @@ the status its kind calls for.
 The supervisor's RSS is judged by a second test that runs the same warm-up and soak in
 a fresh interpreter (test_soak_rss_is_flat): there the heap holds only what the runs
 left, and each half of the soak may grow it by 5 MiB at most (about 9 KiB a run).
-In this process, after the rest of the suite, glibc's arenas step up by 10-25 MiB now
-and then (seen with and without a leak, in either half or both; Python's allocated
-blocks stay flat), so here RSS is only capped: 40 MiB over the whole soak.
+In this process, after the rest of the suite, RSS steps up by 10-25 MiB now and then
+(in either half or both, with and without a leak: glibc's arenas, most likely; Python's
+allocated blocks are reported beside it to tell), so here RSS is only capped: 40 MiB
+over the whole soak.
 """
 
 from __future__ import annotations
