@@ -394,13 +394,14 @@ def test_describe_and_skipped() -> None:
 # --- syscalls newer than the review ------------------------------------------------------------------
 
 CACHESTAT, FILE_SETATTR = 451, 469  # Linux 6.5 and 6.17; the same number on x86_64 and aarch64
+NR_STATX = 332  # x86_64
 
 
 def _call(nr: int) -> Op:
     return lambda: raw(nr, -1, 0, 0, 0, 0)  # fd -1 / NULL: refused by the syscall itself, not run
 
 
-def test_a_syscall_newer_than_the_review_gets_enosys(tmp_path: Path) -> None:
+def test_a_syscall_newer_than_the_review_gets_enosys() -> None:
     # Proven on a syscall this kernel has: with the review's line moved below cachestat,
     # cachestat answers ENOSYS, as a syscall from a future kernel would with the real line.
     if run_in_child(_call(CACHESTAT), None) == "ENOSYS":
@@ -417,15 +418,12 @@ def test_the_newest_reviewed_syscall_still_reaches_the_kernel(bpf: bytes) -> Non
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's unassigned range")
-def test_x86_64_numbers_unassigned_below_424_get_enosys(tmp_path: Path) -> None:
+def test_x86_64_numbers_unassigned_below_424_get_enosys() -> None:
     # statx (332) stands in for a syscall added to the range one day: moved into the range it is
     # ENOSYS; outside it, the kernel answers. The real range (337..423) holds no syscall yet.
     assert run_in_child(_call(NR_STATX), seccomp.compile_policy(gap=(330, 423))) == "ENOSYS"
     assert run_in_child(_call(NR_STATX), seccomp.compile_policy()) != "ENOSYS"
     assert "337..423" in "\n".join(seccomp.describe_policy())
-
-
-NR_STATX = 332
 
 
 # --- disk cache -------------------------------------------------------------------------------------

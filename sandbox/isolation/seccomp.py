@@ -290,8 +290,8 @@ def _newer_than_reviewed(machine: str, newest: int, gap: tuple[int, int] | None,
     which decides as before. Classic BPF jumps are relative and forward only, so prepending
     leaves the program's own jumps intact."""
     ld_abs, jeq, jgt, jge, ja, ret = 0x20, 0x15, 0x25, 0x35, 0x05, 0x06
-    # (code, jt, jf, k) with "prog" / "enosys" for jump targets, resolved below.
-    ins: list[tuple[int, object, object, object]] = [
+    Target = int | str  # a fixed offset, or "prog" / "enosys", resolved below
+    ins: list[tuple[int, Target, Target, Target]] = [
         (ld_abs, 0, 0, 4),  # A = seccomp_data.arch
         (jeq, 0, "prog", _AUDIT_ARCH[machine]),
         (ld_abs, 0, 0, 0),  # A = seccomp_data.nr
@@ -301,20 +301,15 @@ def _newer_than_reviewed(machine: str, newest: int, gap: tuple[int, int] | None,
     if gap:
         ins += [(jge, 0, "prog", gap[0]), (jgt, "prog", "enosys", gap[1])]
     else:
-        ins.append((ja, 0, 0, "prog"))
+        ins.append((ja, 0, 0, "prog"))  # BPF_JA jumps by k
     ins.append((ret, 0, 0, 0x00050000 | _ENOSYS))  # SECCOMP_RET_ERRNO | ENOSYS
-    where = {"prog": len(ins), "enosys": len(ins) - 1}
     if len(ins) + program_len > _BPF_MAXINSNS:
         raise RuntimeError("seccomp program too long with its prologue")
+    where = {"prog": len(ins), "enosys": len(ins) - 1}
     out = b""
     for i, (code, jt, jf, k) in enumerate(ins):
-        def rel(t: object, i: int = i) -> int:
-            return where[t] - i - 1 if isinstance(t, str) else int(t)  # type: ignore[call-overload]
-
-        if code == ja:
-            out += struct.pack("<HBBI", code, 0, 0, rel(k))
-        else:
-            out += struct.pack("<HBBI", code, rel(jt), rel(jf), int(k))  # type: ignore[call-overload]
+        jt, jf, k = (where[t] - i - 1 if isinstance(t, str) else t for t in (jt, jf, k))
+        out += struct.pack("<HBBI", code, jt, jf, k)
     return out
 
 
