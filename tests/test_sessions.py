@@ -177,7 +177,12 @@ def test_pty_program_driven_by_keys() -> None:
     s.send_keys("read -r line; echo \"got:$line\"", "Enter")
     s.write("hello\r")
     output_until(s, "got:hello\r\n")
-    s.send_keys("sleep 100", "Enter", "C-c")  # ^C reaches the foreground job, not the shell
+    # ^C must reach the foreground job, not the shell: it is sent only once the job has said it
+    # runs, since the shell makes a job the terminal's foreground before exec (a ^C typed ahead
+    # of that goes to the shell, and the job would then sleep on).
+    s.send_keys("sh -c 'echo fg-$((2+3)); exec sleep 100'", "Enter")
+    output_until(s, "fg-5\r\n")
+    s.send_keys("C-c")
     s.send_keys("echo after-$((1+1))", "Enter")
     output_until(s, "after-2\r\n")
     s.send_keys("C-d")
