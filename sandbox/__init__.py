@@ -54,7 +54,14 @@ def load_profile(ref: str = "strict") -> Profile:
     return load(ref)
 
 
+_SUBMODULES = ("doctor", "payload", "batch", "sessions", "coderunner")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # `sandbox.doctor.diagnose()` after a plain `import sandbox`, imported on first use
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "Result":
         from .result import Result
 
@@ -63,4 +70,4 @@ def __getattr__(name: str) -> Any:
         from .profile import Profile
 
         return Profile
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

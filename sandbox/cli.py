@@ -9,6 +9,7 @@ traceback (`--debug` shows one).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -149,6 +150,34 @@ def _write_through(stream: Any) -> Callable[[bytes], None]:
     return write
 
 
+class _QuietStdout(io.FileIO):
+    """fd 1 for a reader that may go away (`sandboxrun --json ... | head`): once it has, the rest of
+    the output is dropped, as the streaming mode drops the command's, and the exit status stays the
+    command's; no BrokenPipeError ends the run as an "internal error" (125 reads as "blocked")."""
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.fileno())  # later writes, and the flush at exit, go nowhere quietly
+            os.close(devnull)
+            return memoryview(data).nbytes
+
+
+def _quiet_stdout() -> None:
+    out = sys.stdout
+    if out is None or out is not sys.__stdout__:
+        return  # someone else's stream (a test's capture, an earlier call): leave it alone
+    try:
+        out.flush()
+        raw = _QuietStdout(out.fileno(), "w", closefd=False)
+    except (OSError, ValueError):
+        return  # no fd 1 (closed): nothing to guard
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering, write_through=out.write_through)
+
+
 def cmd_run(argv: list[str]) -> int:
     p = _Parser(prog="sandboxrun", description="Run CMD in a sandbox.",
                 usage="sandboxrun [run] [OPTIONS] -- CMD [ARGS...]")
@@ -279,6 +308,8 @@ def _dispatch(name: str) -> Callable[[list[str]], int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    if args[:1] not in (["batch"], ["mcp"]):  # batch stops when its reader goes; mcp's stdout is its protocol
+        _quiet_stdout()
     if args[:1] in (["-h"], ["--help"]):
         print("usage: sandboxrun [run] [OPTIONS] -- CMD [ARGS...]\n       sandboxrun SUBCOMMAND ...\n\n"
               "subcommands: " + ", ".join(SUBCOMMANDS) + "\n\nsandboxrun run --help for run options.")

@@ -69,11 +69,10 @@ def cmd_start(argv: list[str]) -> int:
     failed = res is not None and (res.status == "setup_error" or bool(res.error and res.exit_code in (126, 127)))
     if ns.json:
         _print_json(info)
-    else:
+    elif not failed:  # an id on stdout says it started: `ID=$(sandboxrun start ...)` gets none otherwise
         print(sess.id)
-        if not failed:
-            print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}",
-                  file=sys.stderr)
+        print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}",
+              file=sys.stderr)
     if res is not None and failed:
         print(f"sandboxrun: session {sess.id} did not start: {res.error}", file=sys.stderr)
         return exit_code_for(res)

@@ -29,7 +29,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c 'import sandbox, prctl, pyseccomp, pytest, hypothesis' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,mcp,langchain]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  # grep's own status (1: nothing left to show) is no failure; pip's is (pipefail carries it here).
+  rc=0
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,mcp,langchain]' 2>&1 \
+    | { grep -v '^WARNING: Location' >&2 || true; } || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "setup: pip install -e '.[dev,mcp,langchain]' failed (exit $rc); see pip's output above" >&2
+    exit "$rc"
+  fi
   .venv/bin/python -c 'import sandbox, prctl, pyseccomp' 
   touch .venv/.installed
 fi

@@ -101,3 +101,27 @@ def test_sigint_tears_down_and_exits_130() -> None:
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=10)
     assert p.returncode == 130, err
+
+
+RUN_EXIT_4 = json.dumps({"action": "run_command", "properties": [{"name": "command", "value": "echo hi; exit 4"}]})
+
+
+@pytest.mark.parametrize("args, stdin, code", [
+    (("--json", "--", "sh", "-c", "echo hi; exit 3"), None, 3),
+    (("--shell", "--", "seq 1 100000"), None, 0),  # streaming: the command's output goes nowhere
+    (("payload",), RUN_EXIT_4, 4),
+    (("payload", "--dry-run"), RUN_EXIT_4, 0),
+    (("check", "--json", "--", "ls"), None, 0),
+], ids=["run-json", "run-streaming", "payload", "payload-dry-run", "check-json"])
+def test_reader_gone_is_quiet_and_keeps_the_exit_code(args, stdin, code) -> None:
+    """`sandboxrun ... | head`: the reader left before the result was printed. No "internal error",
+    no traceback, no exit 125 (that means "blocked"): the exit status is still the command's."""
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)  # the reader is gone before the first write: every write meets EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "sandbox", *args], stdout=w_fd, stderr=subprocess.PIPE,
+                           input=stdin.encode() if stdin else b"", timeout=60,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    finally:
+        os.close(w_fd)
+    assert (p.returncode, p.stderr) == (code, b""), p.stderr

@@ -11,6 +11,7 @@ pytest.importorskip("langchain_core")
 
 from langchain_core.messages import ToolMessage  # noqa: E402
 
+from sandbox.errors import InputError, ProfileError, SandboxError  # noqa: E402
 from sandbox.integrations.langchain import SandboxTool  # noqa: E402
 
 
@@ -56,3 +57,24 @@ def test_schema_workspace_and_async(tmp_path: Path) -> None:
     assert schema["required"] == ["command"] and set(schema["properties"]) == {"command", "timeout"}
     out = asyncio.run(tool.ainvoke({"command": "cat f.txt"}))
     assert out.endswith("stdout:\nfrom\n[... 6 more characters not shown]")
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    ({"profile": "nosuch"}, ProfileError, "unknown profile"),
+    ({"workspace": "/nonexistent_ws_sbx"}, InputError, "no such directory"),
+    ({"run_options": {"memroy": "1GiB"}}, ProfileError, "memroy"),
+    ({"run_options": {"memory": "lots"}}, ProfileError, "memory"),
+    ({"run_options": {"env": {"A": 1}}}, SandboxError, "env"),
+    ({"run_options": {"timeout": 5}}, InputError, "timeout"),
+], ids=["profile", "workspace", "unknown-option", "bad-option-value", "bad-env", "reserved-option"])
+def test_bad_configuration_raises_at_construction(kwargs, error, needle) -> None:
+    """A mistake of the programmer who builds the tool fails there, not as an error the model
+    reads on every call and cannot fix (as `sandboxrun mcp --profile nosuch` fails at start-up)."""
+    with pytest.raises(error, match=needle):
+        SandboxTool(**kwargs)
+
+
+def test_good_configuration_is_kept(tmp_path: Path) -> None:
+    tool = SandboxTool(profile="standard", workspace=str(tmp_path), run_options={"memory": "256MiB", "env": {"A": "1"}})
+    assert (tool.profile, tool.workspace) == ("standard", str(tmp_path))
+    assert tool.invoke({"command": "echo $A"}) == "exit code: 0\nstatus: ok\nstdout:\n1"

@@ -13,7 +13,9 @@ The text the model reads leads with what an agent needs to decide its next step:
 the exit code and why the run ended, then stdout and stderr (each cut to
 `max_output_chars`, the cut said out loud). Bad input (a timeout above the
 profile's maximum, say) comes back as an error message the model can correct,
-not as an exception in the agent loop.
+not as an exception in the agent loop. A bad tool configuration (profile,
+workspace, run_options) is the programmer's to fix: the constructor raises
+ProfileError / InputError, as `sandboxrun mcp` fails at start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from typing import Any
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, Field
 
-from ..errors import SandboxError
+from ..errors import InputError, SandboxError
+
+# Keywords of sandbox.run that the tool sets itself, or the model per call: not run_options.
+_SET_BY_THE_TOOL = {"command": "the model passes it", "shell": "the tool always uses /bin/sh -c",
+                    "profile": "use SandboxTool(profile=...)", "cwd": "use SandboxTool(workspace=...)",
+                    "timeout": "the model passes it per call; the profile's applies otherwise"}
+# Keywords of sandbox.run that are not profile settings: passed through unchecked.
+_RUN_KEYWORDS = ("stdin", "trace", "yield_after", "on_stdout", "on_stderr", "stdin_fd")
 
 
 class SandboxInput(BaseModel):
@@ -81,6 +90,27 @@ class SandboxTool(BaseTool):
     workspace: str | None = None  # host directory bound read-write as the workdir (None: fresh per run)
     max_output_chars: int = 20000
     run_options: dict[str, Any] = Field(default_factory=dict)  # more sandbox.run overrides (memory, env, ...)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # After pydantic's validation: a ProfileError/InputError (ValueErrors) raised inside a
+        # validator would come out as a pydantic ValidationError instead.
+        self._check_config()
+
+    def _check_config(self) -> None:
+        """The checks `sandboxrun mcp` makes at start-up, and sandbox.run's on every call."""
+        from ..mcp_server import _workspace
+        from ..profile import Profile, load, with_overrides
+        from ..supervisor import build_env
+
+        prof = self.profile if isinstance(self.profile, Profile) else load(self.profile)
+        _workspace(self.workspace, "workspace")
+        opts = dict(self.run_options)
+        for key, why in _SET_BY_THE_TOOL.items():
+            if key in opts:
+                raise InputError(f"run_options: {key!r} is not a run option here: {why}")
+        build_env(prof, opts.pop("env", None))
+        with_overrides(prof, **{k: v for k, v in opts.items() if k not in _RUN_KEYWORDS})
 
     def _run(self, command: str, timeout: float | None = None, run_manager: Any = None,
              **_: Any) -> tuple[str, dict[str, Any]]:
