@@ -71,7 +71,7 @@ class Limits:
     processes: int | None = 64  # cgroup pids.max and RLIMIT_NPROC
     file_size: int | None = 64 * 2**20  # RLIMIT_FSIZE
     open_files: int | None = 256  # RLIMIT_NOFILE
-    cpus: float | None = 1.0  # cgroup CPU quota in cores
+    cpus: float | None = 1.0  # cgroup CPU quota in cores; 0 or "unlimited" (in a file or an override): no quota
     output: int = 2**20  # per stream
     tmp_size: int = 64 * 2**20
     workdir_size: int = 256 * 2**20  # the fresh workdir (a tmpfs) when no cwd is given
@@ -268,12 +268,12 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _load_raw(path: Path, seen: tuple[Path, ...] = (), raw: dict[str, Any] | None = None) -> dict[str, Any]:
     path = path.resolve()
     if path in seen:
         chain = " -> ".join(p.name for p in (*seen, path))
         raise ProfileError(f"'extends' forms a cycle: {chain}", source=str(path), key="extends")
-    raw = _read_toml(path)
+    raw = _read_toml(path) if raw is None else raw
     parent_ref = raw.get("extends")
     if parent_ref is None:
         return raw
@@ -301,8 +301,9 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
     hit = _cache.get(str(path))
     if hit is not None and all(_mtime(p) == m for p, m in hit[0]):
         return hit[1]
-    raw = _load_raw(path)
-    prof = from_dict(raw, source=str(path), default_name=path.stem)
+    own = _read_toml(path.resolve())
+    raw = _load_raw(path, raw=own)
+    prof = from_dict(raw, source=str(path), default_name=path.stem, own=own.get("filesystem"))
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof
 
@@ -414,7 +415,62 @@ def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
     return Mount(src, dst, writable, optional)
 
 
-def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom") -> Profile:
+HOST_VIEW_BIND = "filesystem.view = 'host' has no private view to bind into: the bind would be ignored"
+# Mounted by the sandbox itself after the binds (isolation/filesystem.py): a bind there is hidden.
+_SANDBOX_MOUNTS = ("/tmp", "/run", "/dev", "/proc")
+# Written by the sandbox itself while it builds the view: a writable bind there would be overwritten.
+_SANDBOX_FILES = ("/etc/passwd", "/etc/group", "/etc/hostname", "/etc/hosts")
+# The system trees a profile binds read-only: a workdir (a mount of its own) there would hide them.
+_SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev", "/run")
+
+
+def _norm(path: str) -> str:
+    return "/" + os.path.normpath(path).lstrip("/")  # normpath keeps a leading "//"
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why a private view's workdir path would hide the sandbox's system, or None."""
+    if workdir == "same":
+        return None
+    w = _norm(workdir)
+    if w in ("/", "/etc"):
+        return f"the workdir is mounted over {w} and would hide it (use a path of its own, such as /work)"
+    for top in _SYSTEM_TREES:
+        if _under(w, top):
+            return (f"is in the system tree {top}, which the workdir (mounted over it) would hide "
+                    "(use a path of its own, such as /work)")
+    return None
+
+
+def bind_problem(target: str, workdir: str) -> str | None:
+    """Why a bind at `target` would not be seen in a private view with this workdir, or None."""
+    t = _norm(target)
+    for top in _SANDBOX_MOUNTS:
+        if _under(t, top):
+            return f"bind target {t} would be hidden: the sandbox mounts its own {top} over it"
+    if t == "/etc":
+        return "bind target /etc: the sandbox writes its passwd, group, hostname and hosts there (bind files under /etc)"
+    if t in _SANDBOX_FILES:
+        return f"bind target {t}: the sandbox writes that file itself (a writable bind would overwrite the source)"
+    if workdir != "same":
+        w = _norm(workdir)
+        if t == w:
+            return f"bind target {t} is the workdir: use cwd (--cwd) to run in a host directory"
+        if _under(t, w):
+            return (f"bind target {t} is under the workdir {w}, which is mounted over it: "
+                    "put the files in the cwd (--cwd) directory instead")
+    return None
+
+
+def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom",
+              own: dict[str, Any] | None = None) -> Profile:
+    """Validate a profile table. `own`: the file's own [filesystem] table when `raw` also holds
+    what it inherits through `extends` (None: all of `raw` is the file's own)."""
+
     def err_for(key: str, value: Any) -> Any:
         return lambda msg: ProfileError(msg, source=source, key=key, value=value)
 
@@ -449,19 +505,36 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
                                source=source, key="limits.timeout", value=lim.get("timeout"))
         limits = records.replace(limits, timeout=None)
     check_limits(limits, source, lim)
+    if limits.timeout is not None and limits.max_timeout is not None and limits.timeout > limits.max_timeout:
+        raw_lim = raw.get("limits", {})
+        max_shown = raw_lim.get("max_timeout", limits.max_timeout)
+        raise ProfileError(f"exceeds limits.max_timeout = {max_shown!r} (lower timeout or raise max_timeout)",
+                           source=source, key="limits.timeout", value=raw_lim.get("timeout", limits.timeout))
 
     fs = values.get("filesystem", {})
-    mounts: list[Mount] = []
+    binds: list[tuple[str, str, Mount]] = []  # (key, spec, mount)
     for key, writable, optional in (("ro_bind", False, False), ("ro_bind_try", False, True), ("bind", True, False)):
         for spec in fs.get(key, ()):
-            mounts.append(parse_bind(spec, writable=writable, optional=optional,
-                                     err=err_for(f"filesystem.{key}", spec)))
+            binds.append((key, spec, parse_bind(spec, writable=writable, optional=optional,
+                                                err=err_for(f"filesystem.{key}", spec))))
+    mounts = [m for _, _, m in binds]
     workdir = fs.get("workdir", "/work")
     if workdir != "same":
         _check_abs(workdir, err_for("filesystem.workdir", workdir))
     view = fs.get("view", "private")
     if view not in ("private", "host"):
         raise ProfileError("expected 'private' or 'host'", source=source, key="filesystem.view", value=view)
+    problem = workdir_problem(workdir) if view == "private" else None
+    if problem:
+        raise ProfileError(problem, source=source, key="filesystem.workdir", value=workdir)
+    own_fs = raw.get("filesystem", {}) if own is None else own
+    for key, spec, m in binds:
+        if view == "private":
+            problem = bind_problem(m.target, workdir)
+        else:  # inherited binds (nested extends strict) are unused; the file's own are a mistake
+            problem = HOST_VIEW_BIND if spec in own_fs.get(key, ()) else None
+        if problem:
+            raise ProfileError(problem, source=source, key=f"filesystem.{key}", value=spec)
 
     sec = values.get("security", {})
     for key, allowed in (("seccomp", ("default", "off")), ("landlock", REQUIREMENT), ("cgroup", REQUIREMENT)):
@@ -495,6 +568,9 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
     if not hostname or len(hostname.encode()) > 64 or "/" in hostname:
         raise ProfileError("expected 1-64 characters without '/'", source=source,
                            key="process.hostname", value=hostname)
+    if view == "private" and not any(not m.writable for m in mounts):
+        raise ProfileError("profile binds nothing read-only, so its sandbox has no /usr and no command can run: "
+                           'add extends = "strict" or filesystem.ro_bind', source=source)
     return Profile(
         name=raw.get("name", default_name), description=raw.get("description", ""), source=source,
         limits=limits, view=view, mounts=tuple(mounts), workdir=workdir, network=net,
@@ -573,8 +649,14 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             if not isinstance(value, (str, list, tuple)):
                 raise err("expected a path spec SRC[:DST] or a list of them")
             specs = [value] if isinstance(value, str) else list(value)
+            if specs and profile.view != "private":
+                raise err(f"profile {profile.name!r}: {HOST_VIEW_BIND}")
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
                           for s in specs)
+            for spec, m in zip(specs, extra, strict=True):
+                problem = bind_problem(m.target, profile.workdir)
+                if problem:
+                    raise _error_for(src, key, spec)(problem)
             changes["mounts"] = (*changes.get("mounts", profile.mounts), *extra)
         elif key == "network":
             v = "none" if value == "loopback" else value

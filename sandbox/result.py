@@ -85,7 +85,9 @@ class Result:
     error_errno: int | None = None
     profile: str = ""
     usage: Usage = field(default_factory=Usage)
-    isolation: Isolation = field(default_factory=Isolation)
+    # None where what was applied is not known: a background run still "running", or "lost"
+    # (its monitor died). Never Isolation()'s defaults there: they read as "no sandbox at all".
+    isolation: Isolation | None = field(default_factory=Isolation)
     trace: dict[str, float] | None = None  # per-step child setup cost in ms (SANDBOXRUN_TRACE=1)
     session_id: str | None = None  # background runs
     # Raw bytes, for callers that need them exactly (not serialised).
@@ -107,6 +109,7 @@ class Result:
     def from_dict(cls, d: dict[str, Any]) -> Result:
         d = dict(d)
         d["usage"] = Usage(**d.get("usage", {}))
-        d["isolation"] = Isolation(**d.get("isolation", {}))
+        iso = d.get("isolation", {})
+        d["isolation"] = None if iso is None else Isolation(**iso)
         known = cls.__record_names__
         return cls(**{k: v for k, v in d.items() if k in known})

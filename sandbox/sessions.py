@@ -45,7 +45,7 @@ from typing import Any
 from . import record as records
 from .errors import EXIT_SANDBOX, InputError, SandboxError
 from .record import record
-from .result import Result
+from .result import Isolation, Result
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
 START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure) within this
@@ -463,6 +463,7 @@ class Session:
             stdout_bytes=out_total, stderr_bytes=err_total, stdout_truncated=out_total > len(out),
             stderr_truncated=err_total > len(err),
             error="the session's monitor died (killed?); its sandbox died with it; output so far is kept",
+            isolation=_known_isolation(m),
             duration_ms=round((m.get("ended_at", time.time()) - m.get("started_at", m.get("created", 0))) * 1000, 3),
         )
 
@@ -720,7 +721,20 @@ class Session:
             stdout_bytes=out_total, stderr_bytes=err_total, stdout_truncated=out_total > len(out),
             stderr_truncated=err_total > len(err),
             duration_ms=round((time.time() - m.get("started_at", m.get("created", time.time()))) * 1000, 3),
+            isolation=_known_isolation(m),
         )
+
+
+def _known_isolation(meta: Mapping[str, Any]) -> Isolation | None:
+    """The isolation the monitor recorded for a run that has not ended, else None (unknown):
+    never Isolation()'s defaults, which read as "host network, no seccomp"."""
+    iso = meta.get("isolation")
+    if isinstance(iso, dict):
+        try:
+            return Isolation(**iso)
+        except TypeError:
+            pass
+    return None
 
 
 # ---------------------------------------------------------------------------- finding sessions

@@ -135,7 +135,7 @@ def test_profile_files_outside_search_dirs_are_not_cached(profile_cache, tmp_pat
     cache, _ = profile_cache
     for i in range(3):
         f = tmp_path / f"adhoc{i}.toml"
-        f.write_text('[limits]\nmemory = "1GiB"\n')
+        f.write_text('[limits]\nmemory = "1GiB"\n[filesystem]\nro_bind = ["/usr"]\n')
         assert load(str(f)).limits.memory == 2**30
     assert not [n for n in _cached_files(cache) if "adhoc" in n] and len(_cached_files(cache)) == 0
 
@@ -147,7 +147,7 @@ def test_planted_cache_entry_with_another_stamp_is_ignored(profile_cache) -> Non
 
     cache, named = profile_cache
     f = named / "mine.toml"
-    f.write_text('[limits]\nmemory = "1GiB"\n')
+    f.write_text('[limits]\nmemory = "1GiB"\n[filesystem]\nro_bind = ["/usr"]\n')
     load("mine")
     (entry,) = cache.glob("profile-*")
     entry.write_bytes(marshal.dumps(((0, 0, 0), {"limits": {"memory": "9GiB"}})))
@@ -162,6 +162,110 @@ def test_parsed_profile_cache_is_bounded(profile_cache, monkeypatch: pytest.Monk
     cache, named = profile_cache
     monkeypatch.setattr(profile_mod, "PARSED_CACHE_MAX", 5)
     for i in range(9):
-        (named / f"p{i}.toml").write_text('[limits]\nmemory = "1GiB"\n')
+        (named / f"p{i}.toml").write_text('[limits]\nmemory = "1GiB"\n[filesystem]\nro_bind = ["/usr"]\n')
         assert load(f"p{i}").limits.memory == 2**30
     assert len(_cached_files(cache)) == 5
+
+
+# ---------------------------------------------------------------------------- contradictions and hidden binds
+
+
+def _profile(tmp_path, body: str, name: str = "p.toml"):
+    f = tmp_path / name
+    f.write_text(body)
+    return load(str(f))
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("/usr:/work", "bind target /work is the workdir"),
+    ("/usr:/work/sub", "/work/sub is under the workdir /work"),
+    ("/usr:/tmp", "/tmp"),
+    ("/usr:/tmp/x", "/tmp"),
+    ("/usr:/proc", "/proc"),
+    ("/usr:/dev/shm", "/dev"),
+    ("/usr:/run/x", "/run"),
+    ("/usr:/etc", "/etc"),
+    ("/etc/hosts", "/etc/hosts"),
+])
+def test_override_bind_hidden_by_the_sandbox_is_refused(spec: str, needle: str) -> None:
+    for key in ("ro_bind", "bind"):
+        with pytest.raises(ProfileError) as e:
+            with_overrides(load("strict"), **{key: spec})
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert spec in str(e.value)  # names the bind
+
+
+def test_bind_beside_the_workdir_is_fine(tmp_path) -> None:
+    p = with_overrides(load("strict"), ro_bind=["/usr:/workshop", "/usr:/opt/x", "/usr/share:/etc/share"])
+    assert {m.target for m in p.mounts} >= {"/workshop", "/opt/x", "/etc/share"}
+    p = _profile(tmp_path, 'extends = "strict"\n[filesystem]\nworkdir = "/srv/job"\nro_bind = ["/usr:/work"]\n')
+    assert p.workdir == "/srv/job" and any(m.target == "/work" for m in p.mounts)
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('[filesystem]\nbind = ["/usr:/work/data"]', "filesystem.bind = '/usr:/work/data': bind target /work/data is under"),
+    ('[filesystem]\nro_bind_try = ["/usr:/tmp/cache"]', "filesystem.ro_bind_try = '/usr:/tmp/cache'"),
+    ('[filesystem]\nworkdir = "/data"\nro_bind = ["/usr:/data"]', "bind target /data is the workdir"),
+    ('[filesystem]\nworkdir = "/usr"', "filesystem.workdir = '/usr'"),
+    ('[filesystem]\nworkdir = "/usr/local/work"', "filesystem.workdir = '/usr/local/work'"),
+    ('[filesystem]\nworkdir = "/lib64"', "filesystem.workdir = '/lib64'"),
+    ('[filesystem]\nworkdir = "/etc"', "filesystem.workdir = '/etc'"),
+    ('[filesystem]\nworkdir = "/"', "filesystem.workdir = '/'"),
+    ('[filesystem]\nworkdir = "/proc"', "filesystem.workdir = '/proc'"),
+])
+def test_profile_bind_or_workdir_hidden_by_the_sandbox_is_refused(tmp_path, body: str, needle: str) -> None:
+    with pytest.raises(ProfileError) as e:
+        _profile(tmp_path, 'extends = "strict"\n' + body + "\n", "bad.toml")
+    assert needle in str(e.value) and "bad.toml" in str(e.value), str(e.value)
+
+
+def test_timeout_over_max_timeout_is_refused_naming_both(tmp_path) -> None:
+    with pytest.raises(ProfileError) as e:
+        _profile(tmp_path, 'extends = "strict"\n[limits]\ntimeout = "1h"\n', "t1h.toml")
+    assert "t1h.toml: limits.timeout = '1h'" in str(e.value) and "limits.max_timeout = '10m'" in str(e.value), e.value
+    with pytest.raises(ProfileError) as e:  # an inherited timeout over a lowered max_timeout
+        _profile(tmp_path, 'extends = "strict"\n[limits]\nmax_timeout = "1s"\n', "mt.toml")
+    assert "limits.timeout = '30s'" in str(e.value) and "limits.max_timeout = '1s'" in str(e.value), e.value
+    p = _profile(tmp_path, 'extends = "strict"\n[limits]\ntimeout = "1h"\nmax_timeout = "2h"\n')
+    assert (p.limits.timeout, p.limits.max_timeout) == (3600, 7200)
+
+
+def test_cpus_zero_means_no_cpu_limit(tmp_path) -> None:
+    # Documented in the error for an out-of-range value: "(or 0 for no limit)", like "unlimited".
+    assert _profile(tmp_path, 'extends = "strict"\n[limits]\ncpus = 0\n').limits.cpus is None
+    assert with_overrides(load("strict"), cpus=0).limits.cpus is None
+    with pytest.raises(ProfileError, match="or 0 for no limit"):
+        with_overrides(load("strict"), cpus=0.001)
+
+
+def test_binds_under_the_host_view_are_refused(tmp_path) -> None:
+    nested = load("nested")
+    assert nested.view == "host"  # its inherited strict binds stay: the file adds none
+    for key in ("ro_bind", "bind"):
+        with pytest.raises(ProfileError) as e:
+            with_overrides(nested, **{key: "/usr:/x"})
+        assert "filesystem.view = 'host'" in str(e.value) and "/usr:/x" in str(e.value), e.value
+    for key in ("ro_bind", "ro_bind_try", "bind"):
+        with pytest.raises(ProfileError) as e:
+            _profile(tmp_path, f'extends = "nested"\n[filesystem]\n{key} = ["/usr:/x"]\n', "n.toml")
+        assert f"n.toml: filesystem.{key} = " in str(e.value) and "view = 'host'" in str(e.value), e.value
+    with pytest.raises(ProfileError, match="view = 'host'"):
+        _profile(tmp_path, '[filesystem]\nview = "host"\nro_bind = ["/usr"]\n[security]\nnamespaces = []\n'
+                           '[network]\nmode = "host"\n')
+    # A private view again brings the inherited binds back into use.
+    p = _profile(tmp_path, 'extends = "nested"\n[filesystem]\nview = "private"\nro_bind = ["/usr:/x"]\n'
+                           '[security]\nnamespaces = ["pid", "mount", "net"]\n[network]\nmode = "none"\n')
+    assert p.view == "private" and any(m.target == "/x" for m in p.mounts)
+
+
+def test_profile_that_binds_nothing_read_only_is_refused(tmp_path) -> None:
+    for body in ("", '[limits]\nmemory = "1GiB"\n', '[filesystem]\nbind = ["/usr:/data"]\n'):
+        with pytest.raises(ProfileError) as e:
+            _profile(tmp_path, body, "empty.toml")
+        msg = str(e.value)
+        assert msg.startswith(str(tmp_path / "empty.toml")) and "binds nothing read-only" in msg, msg
+        assert 'extends = "strict"' in msg and "filesystem.ro_bind" in msg and "\n" not in msg, msg
+    assert _profile(tmp_path, '[filesystem]\nro_bind = ["/usr"]\n').mounts[0].target == "/usr"
+    assert _profile(tmp_path, '[filesystem]\nro_bind_try = ["/usr"]\n').mounts[0].target == "/usr"
+    host = _profile(tmp_path, '[filesystem]\nview = "host"\n[security]\nnamespaces = []\n[network]\nmode = "host"\n')
+    assert host.view == "host" and host.mounts == ()  # no private view: nothing to bind into

@@ -153,6 +153,7 @@ def test_killed_monitor_takes_the_sandbox_and_reads_lost(contained) -> None:
     assert s.state == "lost"
     res = s.wait(5)
     assert res is not None and res.status == "lost" and "logged" in res.stdout and "monitor" in res.error
+    assert res.isolation is None  # unknown: its monitor died before it could say
 
     def swept() -> bool:  # a listing that meets a lost session sweeps the dead monitor's cgroup
         sessions.list_sessions()  # (once the monitor is reaped: a zombie still counts as its owner)
@@ -278,6 +279,21 @@ def test_yield_after_becomes_a_session_or_returns_the_result(state: Path) -> Non
         sessions.run_or_yield(["true"], yield_after=-1)
 
 
+def test_yielded_result_does_not_report_the_no_isolation_defaults(state: Path) -> None:
+    # Not known while it runs: null, never Isolation()'s "host network, seccomp off".
+    res = sessions.run_or_yield(["sleep", "30"], yield_after=0.2)
+    assert res.status == "running" and res.isolation is None, res
+    d = res.to_dict()
+    assert d["isolation"] is None
+    validator = pytest.importorskip("jsonschema").Draft202012Validator(
+        json.loads((ROOT / "sandbox" / "result.schema.json").read_text()))
+    validator.validate(d)
+    assert sandbox.Result.from_dict(d).isolation is None
+    final = sessions.get(res.session_id).remove(grace=0)
+    assert final is not None and final.isolation is not None and final.isolation.network == "none", final
+    validator.validate(final.to_dict())
+
+
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(sessions.SessionBlocked, match="blocked"):
         sandbox.start(["rm", "-rf", "/"])
@@ -382,6 +398,7 @@ def test_cli_run_yield_and_errors() -> None:
     r = cli("run", "--yield-ms", "300", "--", "sh", "-c", "echo early; sleep 30")
     d = json.loads(r.stdout)
     assert r.returncode == 0 and d["status"] == "running" and d["stdout"] == "early\n"
+    assert d["isolation"] is None  # not known until it ends; never the "host network, no seccomp" defaults
     r = cli("remove", d["session_id"], "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["result"]["status"] == "signaled"
     r = cli("run", "--yield-ms", "20000", "--", "echo", "fast")
@@ -390,6 +407,7 @@ def test_cli_run_yield_and_errors() -> None:
     assert r.returncode == 125 and b"blocked" in r.stderr
     r = cli("start", "--", "no-such-command-xyz")  # the starter hears of it before it returns
     assert r.returncode == 127 and b"did not start" in r.stderr and b"command not found" in r.stderr, r.stderr
+    assert r.stdout == b"", "an id on stdout says the session started: ID=$(sandboxrun start ...) must get none"
     for args in (["poll", "zzz"], ["kill", "zzz"], ["start", "--timeout", "0", "--", "true"], ["log", "x", "--limit", "q"]):
         r = cli(*args)
         assert r.returncode == 2 and b"Traceback" not in r.stderr, (args, r)
