@@ -310,15 +310,18 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
     return server, tools
 
 
-def _workspace(workspace: str | None) -> str | None:
+def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
+    """The workspace's real path; InputError (named `what`) unless it is a directory."""
     if workspace is None:
         return None
     if "\0" in workspace:
-        raise InputError("--workspace contains a NUL byte")
-    path = os.path.realpath(workspace)
+        raise InputError(f"{what} contains a NUL byte")
+    path = os.path.realpath(workspace)  # its links are the operator's, resolved before any run
     if not os.path.isdir(path):
-        raise InputError(f"--workspace: no such directory: {workspace}")
-    return path
+        raise InputError(f"{what}: no such directory: {workspace}")
+    from .hostpaths import check_writable_dir
+
+    return check_writable_dir(path, what).path  # never `/` or a system tree (every call may write it)
 
 
 def main(argv: list[str]) -> int:

@@ -185,13 +185,16 @@ def _inside(field: str, path: str, given: str, root: str | None) -> None:
 
 def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     given = text if text is not None else DEFAULT_CWD
-    path = os.path.realpath(os.path.join(base, os.path.expanduser(given)))
+    # Not realpath: a link in the path (planted by an earlier run) is refused, not followed.
+    path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
     _inside("cwd", path, given, root)
-    if not os.path.exists(path):
-        raise PayloadError("cwd", f"no such directory: {given}")
-    if not os.path.isdir(path):
-        raise PayloadError("cwd", f"not a directory: {given}")
-    if path == "/" or any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
+    from .hostpaths import check_writable_dir
+
+    try:
+        check_writable_dir(path, "cwd")
+    except InputError as e:
+        raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, given, 1)) from None
+    if any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
         raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
     return path
 

@@ -22,13 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from . import profile as profiles
 from .errors import InputError
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
+from .hostpaths import CheckedDir, check_writable_dir
 from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
 from .output import Capture
 from .plan import RunPlan
 from .profile import Profile
-from .record import field, record
+from .record import field, record, replace
 from .result import Isolation, Result, Usage
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
@@ -223,6 +224,7 @@ class _Workdir:
 
     def __init__(self, cwd: str | None, *, in_memory: bool) -> None:
         self.fresh = cwd is None
+        self.checked: CheckedDir | None = None  # the caller's directory, as checked
         if cwd is None and in_memory:
             # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
             # nothing of the run ever touches the host's disk.
@@ -232,17 +234,9 @@ class _Workdir:
             # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
             self.path = _mkdtemp()
         else:
-            if not isinstance(cwd, (str, os.PathLike)):
-                raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
-            cwd = os.fspath(cwd)
-            if "\0" in cwd:
-                raise InputError("cwd contains a NUL byte")
-            path = os.path.realpath(cwd)
-            if not os.path.exists(path):
-                raise InputError(f"cwd: no such directory: {cwd}")
-            if not os.path.isdir(path):
-                raise InputError(f"cwd: not a directory: {cwd}")
-            self.path = path
+            # Not `/` nor a system tree, no symbolic link in its path (hostpaths.py says why).
+            self.checked = check_writable_dir(cwd, "cwd")
+            self.path = self.checked.path
 
     def cleanup(self) -> None:
         if self.fresh and self.path:
@@ -323,9 +317,15 @@ def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int,
     """(uid inside, gid inside, host uid, lease) for this run."""
     if _rootless():
         return SANDBOX_UID, SANDBOX_UID, cgroups.caller_uid(), None
-    if cwd is not None and prof.view != "private":
-        st = os.stat(work.path)  # no mount namespace: run as the directory's owner so it stays writable
-        return st.st_uid, st.st_gid, st.st_uid, None
+    if work.checked is not None and prof.view != "private":
+        # No mount namespace: run as the directory's owner so it stays writable; never as
+        # root, who owns the host's files (Landlock does not cover chmod or chown).
+        c = work.checked
+        if c.uid == 0 or c.gid == 0:
+            raise InputError(f"cwd: {c.path} belongs to {'root' if c.uid == 0 else 'group root'}; profile "
+                             f"{prof.name!r} runs the command as its workdir's owner, never as root: give it a "
+                             "directory owned by an unprivileged user, or no cwd for a fresh one")
+        return c.uid, c.gid, c.uid, None
     from .isolation.uids import allocate
 
     lease = allocate()
@@ -343,12 +343,15 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         flags |= NAMESPACE_FLAGS[ns]
     idmap = None
     extra: dict[str, object] = {}
-    if work.path and not work.fresh and not _rootless():
+    if work.checked is not None and not _rootless():
         # The caller's directory, seen through an idmapped mount as the run uid's own: the run
         # keeps its unprivileged uid and what it creates belongs to the directory's owner.
-        st = os.stat(work.path)
-        idmap = (st.st_uid, uid, st.st_gid, gid)
-        extra["fallback_ids"] = (st.st_uid, st.st_gid)
+        # Where the filesystem has no idmapped mounts the run falls back to the owner's ids,
+        # unless that is root: then it does not run.
+        c = work.checked
+        idmap = (c.uid, uid, c.gid, gid)
+        if c.uid != 0 and c.gid != 0:
+            extra["fallback_ids"] = (c.uid, c.gid)
     if "SANDBOXRUN_FAIL_STEP" in os.environ:
         extra["fail_step"] = os.environ["SANDBOXRUN_FAIL_STEP"]
     inside = work.path if prof.workdir == "same" and work.path else (
@@ -360,7 +363,8 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             binds=view_binds(prof.mounts), workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
             workdir_size=lim.workdir_size, workdir_owner=None if _rootless() else (uid, gid),
             workdir_fixed=prof.workdir != "same" or not work.path,
-            workdir_idmap=idmap,
+            workdir_idmap=idmap, workdir_fallback="fallback_ids" in extra,
+            workdir_id=(work.checked.dev, work.checked.ino) if work.checked else None,
             shm_size=lim.shm_size, hostname=prof.hostname,
             passwd=f"{name}:x:{uid}:{gid}:sandbox:{inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
@@ -394,6 +398,9 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         trace=req.trace, pty=req.pty_fd is not None,
         extra=extra,
     )
+
+
+NPROC_MARGIN = 8
 
 
 def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int) -> None:
@@ -438,6 +445,7 @@ def execute(req: Request) -> Result:
     cg_error: str | None = None
     work: _Workdir | None = None
     lease = None
+    plan_pid_namespace = True
     opened: list[int] = []
     try:
         work = _Workdir(req.cwd, in_memory=prof.view == "private")
@@ -445,6 +453,7 @@ def execute(req: Request) -> Result:
         if work.fresh and work.path and not _rootless():
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
+        plan_pid_namespace = plan.pid_namespace
         forker = _forker(plan)
         if prof.cgroup != "off":
             # PID 1 reaps every process of its namespace and we reap PID 1: wait4 then
@@ -458,6 +467,11 @@ def execute(req: Request) -> Result:
                 cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
                 if prof.cgroup == "required":
                     return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
+        if cg is not None and prof.limits.processes is not None:
+            # The cgroup's pids.max fires first, so pids.events tells the caller the limit was
+            # hit (usage.pids_limit_hit); RLIMIT_NPROC, a few tasks above, stays a second line.
+            plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if k == "processes" else v)
+                                               for k, v in plan.rlimits))
         out_r, out_w = _pipe(1 << 20)
         err_r, err_w = _pipe(1 << 20)
         rep_r, rep_w = _pipe()
@@ -472,9 +486,15 @@ def execute(req: Request) -> Result:
             elif req.stdin:
                 in_r, stdin_w = _pipe()
                 opened += [in_r, stdin_w]
-            else:
-                in_r = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            else:  # an empty pipe, not the host's /dev/null, which /dev/stdin could not reopen
+                in_r, none_w = _pipe()
+                os.close(none_w)
                 opened.append(in_r)
+            # The run's own pipes, so that it may reopen them: `echo x > /dev/stderr` opens
+            # /proc/self/fd/2 anew, which checks the pipe's owner and mode (0600, ours).
+            if host_uid is not None and not _rootless() and host_uid != os.geteuid():
+                for fd in (out_w, err_w, *([in_r] if req.stdin_fd is None else [])):
+                    os.fchown(fd, host_uid, -1)
         cg_fds: list[int] = []
         self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
         if self_join:
@@ -544,6 +564,10 @@ def execute(req: Request) -> Result:
             except OSError:
                 pass
         if lease is not None:
+            if cg is None and not plan_pid_namespace:  # nothing else can find what it left running
+                from .isolation.uids import kill_processes_of
+
+                kill_processes_of(lease.uid)
             lease.release()
         if work is not None:
             work.cleanup()
@@ -562,6 +586,7 @@ class _Report:
     landlock_abi: int = 0
     started: bool = False  # the command was spawned
     uid: int | None = None  # the child fell back to this uid (no idmapped workdir)
+    killed: bool = False  # the supervisor sent SIGKILL: the grace after SIGTERM ran out
     buf: bytes = b""
 
     def feed(self, data: bytes) -> None:
@@ -630,6 +655,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     _send(launched, signal.SIGTERM)  # init forwards it to every process
                     kill_at = now + lim.kill_grace
                 if kill_at is not None and now >= kill_at:
+                    report.killed = True
                     _send(launched, signal.SIGKILL)  # the pid namespace dies with its init
                     if cg is not None:
                         cg.kill_all()
@@ -739,6 +765,8 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
         res.error = f"wall timeout of {lim.timeout:g}s"
         if report.status is not None and os.WIFSIGNALED(report.status):
             res.signal = _signal_name(os.WTERMSIG(report.status))
+        elif report.killed:
+            res.signal = "SIGKILL"  # it outlived the grace; its init died before it could say
         return
     if report.status is None:  # the init itself was killed (OOM killer, or from outside)
         res.signal = "SIGKILL"
@@ -752,7 +780,8 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
         cpu = res.usage.cpu_user_s + res.usage.cpu_sys_s
         if res.usage.oom_kills and sig == signal.SIGKILL:
             res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {lim.memory})"
-        elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and lim.cpu_time and cpu >= lim.cpu_time * 0.95):
+        # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time used
+        elif sig in (signal.SIGXCPU, signal.SIGKILL) and lim.cpu_time and cpu >= lim.cpu_time * 0.95:
             res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
         else:
             res.status = "signaled"

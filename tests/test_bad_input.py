@@ -120,6 +120,9 @@ LIBRARY: list[Any] = [
     ("over-arg-max-no-filter", ["true", BIG], {"profile": NO_FILTER}, "ARG_MAX"),
     ("env-over-arg-max", ["true"], {"env": {"BIG": BIG}}, "ARG_MAX"),
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
+    ("bind-over-workdir", ["true"], {"bind": "/tmp:/work"}, "is the workdir"),
+    ("ro-bind-over-tmp", ["true"], {"ro_bind": "/usr:/tmp"}, "/tmp"),
+    ("ro-bind-host-view", ["true"], {"profile": "nested", "ro_bind": "/usr:/x"}, "view = 'host'"),
 ]
 
 
@@ -268,6 +271,11 @@ PROFILE_ROWS: list[Any] = [
     ("extends-unknown", "extends = \"nonesuch\"", "extends"),
     ("extends-self", "extends = \"{dir}/p.toml\"", "cycle"),
     ("extends-wrong-type", "extends = 3", "extends"),
+    ("timeout-over-max-timeout", "extends = \"strict\"\n[limits]\ntimeout = \"1h\"", "limits.max_timeout = '10m'"),
+    ("binds-nothing-read-only", "[limits]\nmemory = \"1GiB\"", "binds nothing read-only"),
+    ("bind-over-workdir", "extends = \"strict\"\n[filesystem]\nbind = [\"/tmp:/work\"]", "is the workdir"),
+    ("workdir-system-tree", "extends = \"strict\"\n[filesystem]\nworkdir = \"/usr\"", "filesystem.workdir"),
+    ("bind-under-host-view", "extends = \"nested\"\n[filesystem]\nro_bind = [\"/usr:/x\"]", "view = 'host'"),
     pytest.param("not-utf8", b"name = \"\xff\"", "UTF-8"),
     pytest.param("deeply-nested", "x = " + "[" * 5000 + "]" * 5000, "p.toml"),
 ]
@@ -409,3 +417,20 @@ def test_batch_cli_reports_every_bad_line_and_exits_1() -> None:
     assert len(out) == len(rows)
     for p, d in zip(rows, out, strict=True):
         assert d["status"] == "invalid_request" and p.values[1].lower() in d["error"].lower(), (p.id, d)
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"SANDBOXRUN_UID_BASE": "0", "SANDBOXRUN_UID_COUNT": "1"}, "SANDBOXRUN_UID_BASE=0: expected at least 65536"),
+    ({"SANDBOXRUN_UID_BASE": "1000"}, "above the host's own users"),
+    ({"SANDBOXRUN_UID_BASE": "abc"}, "SANDBOXRUN_UID_BASE='abc': expected a whole number"),
+    ({"SANDBOXRUN_UID_COUNT": "0"}, "SANDBOXRUN_UID_COUNT=0: expected at least 1"),
+    ({"SANDBOXRUN_UID_BASE": "4294967290"}, "past the last uid"),
+])
+def test_uid_range_variables_are_checked(env: dict[str, str], needle: str) -> None:
+    # A range reaching below the host's users could make a run root (uid 0) or a real user.
+    if os.geteuid() != 0:
+        pytest.skip("per-run host uids are allocated for root callers")
+    p = subprocess.run([sys.executable, "-m", "sandbox", "--", "id", "-u"], capture_output=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), **env), cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == b"", p
+    assert_clean_error(p.stderr, needle)

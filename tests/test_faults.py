@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -480,3 +481,24 @@ def test_signal_to_cli_tears_down_and_exits_130(no_leftovers, sig: int) -> None:
     # Torn down by the CLI itself, before it exited: no sweep needed.
     assert leaks.marked(mark) == []
     assert leaks.runner_cgroups(owner=p.pid) == []
+
+
+def test_nested_without_a_cgroup_leaves_no_daemon_behind(private_tmp: Path) -> None:
+    # No pid namespace and no cgroup: the run's own uid is what finds its double-forked
+    # daemons, and they must be gone before that uid serves another run.
+    if os.geteuid() != 0:
+        pytest.skip("per-run host uids are allocated for root callers")
+    from conftest import marker
+
+    mark = marker()
+    daemon = f"(setsid bash -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 &); sleep 0.2; echo started"
+    try:
+        p = subprocess.run([sys.executable, "-m", "sandbox", "--json", "--profile", "nested", "--", "bash", "-c",
+                            daemon], env=env(SANDBOXRUN_CGROUP="none", TMPDIR=str(private_tmp)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        res = json.loads(p.stdout)
+        assert res["status"] == "ok" and res["stdout"] == "started\n" and res["isolation"]["cgroup"] == "none", res
+        assert leaks.marked(mark) == []
+    finally:
+        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
+            os.kill(proc.pid, 9)

@@ -285,3 +285,41 @@ def test_callers_workdir_is_idmapped_to_the_unprivileged_run_uid(tmp_path) -> No
     assert int(uid) != 0 and int(seen_owner) == int(uid) == r.isolation.uid, r.stdout
     assert refused == "refused"  # no setuid file for the host (seccomp)
     assert (tmp_path / "out.txt").stat().st_uid == tmp_path.stat().st_uid == 0
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_proc_entries_that_describe_the_host_are_masked(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    # The host's boot arguments (a VM's may name its control ports), keys, timers: empty inside.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    names = [n for n in ("cmdline", "keys", "timer_list", "sched_debug") if os.path.exists(f"/proc/{n}")]
+    with open("/proc/cmdline", "rb") as f:
+        assert f.read().strip(), "the control: the host's own is not empty"
+    r = sandbox.run(["sh", "-c", "for n in " + " ".join(names) + "; do printf '%s=' $n; wc -c < /proc/$n; done"])
+    assert r.status == "ok", r
+    assert r.stdout.split() == [f"{n}=0" for n in names], r.stdout
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_the_run_can_reopen_its_own_stdio(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    # `echo x > /dev/stderr` is in every other shell script: /dev/std* reopen the run's pipes,
+    # which must be its own (and stdin, when none is given, an empty pipe, not the host's /dev/null).
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    script = "echo out > /dev/stdout; echo err > /dev/stderr; cat /dev/stdin; echo end"
+    r = sandbox.run(["sh", "-c", script], stdin="in\n")
+    assert (r.status, r.stdout, r.stderr) == ("ok", "out\nin\nend\n", "err\n"), r
+    r = sandbox.run(["sh", "-c", script])
+    assert (r.status, r.stdout, r.stderr) == ("ok", "out\nend\n", "err\n"), r
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_dev_is_sealed(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    # Templates share the /dev tmpfs between runs, and its nodes are the host's inodes: both
+    # are mounted read-only (a device is still written through), so no run can add to /dev
+    # for the next one, nor chmod or touch a host device even as its owner.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    r = sandbox.run(["sh", "-c", "echo x > /dev/null && echo written; touch /dev/planted 2>&1; "
+                     "awk '$5 ~ \"^/dev(/null|/zero|/tty)?$\" {print $5, $6}' /proc/self/mountinfo"])
+    assert r.stdout.startswith("written\n") and "Read-only file system" in r.stdout, r
+    mounts = dict(line.split() for line in r.stdout.splitlines()[2:])
+    assert {"/dev", "/dev/null", "/dev/zero"} <= set(mounts), mounts
+    assert all(opts.split(",")[0] == "ro" for opts in mounts.values()), mounts

@@ -144,6 +144,11 @@ def test_bad_workspace_is_a_one_line_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
+    # Every call may write the workspace: never the host's root or a system tree.
+    for ws in ("/", "/etc"):
+        r = subprocess.run([sys.executable, "-m", "sandbox", "mcp", "--workspace", ws], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+        assert r.returncode == 2 and "--workspace: " in r.stderr and "writable directory" in r.stderr, r.stderr
 
 
 def test_background_session_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -158,7 +158,8 @@ BROKEN = [
     (json.dumps(cmd("ls", env='{"A=B": "x"}')), "env", "invalid variable"),
     (json.dumps(cmd("ls", cwd="/no/such/dir")), "cwd", "no such directory"),
     (json.dumps(cmd("ls", cwd="/etc")), "cwd", "system directory"),
-    (json.dumps(cmd("ls", cwd="/")), "cwd", "system directory"),
+    (json.dumps(cmd("ls", cwd="/")), "cwd", "host's root"),
+    (json.dumps(cmd("ls", cwd="/var")), "cwd", "contains /var/lib"),
     (json.dumps(cmd("ls 'unbalanced", shell="false")), "command", "cannot split"),
     (json.dumps(cmd("ls") | {"sequential": "p"}), "sequential", "object"),
     ('{"action": "run_command", "properties": [{"name": "command", "value": "ls"}, '
@@ -222,6 +223,29 @@ def test_root_confines_payload_paths(calc: Path, tmp_path: Path) -> None:
     assert d["request"]["cwd"] == str(tmp_path / "sub")
 
 
+def test_submodules_are_attributes_of_the_package_imported_on_first_use() -> None:
+    """README: `sandbox.doctor.diagnose()`, `sandbox.payload.execute(...)`, `sandbox.batch.BatchRequest`
+    after a plain `import sandbox`, which stays cheap (the CLI's start-up): none is imported before."""
+    names = ("doctor", "payload", "batch", "sessions", "coderunner")
+    code = ("import sys, sandbox\n"
+            f"names = {names!r}\n"
+            "early = [n for n in names if 'sandbox.' + n in sys.modules]\n"
+            "assert not early, early\n"
+            "assert callable(sandbox.doctor.diagnose) and callable(sandbox.payload.execute)\n"
+            "assert sandbox.batch.BatchRequest and callable(sandbox.sessions.start)\n"
+            "assert callable(sandbox.coderunner.run_python)\n"
+            "assert all(getattr(sandbox, n) is sys.modules['sandbox.' + n] for n in names)\n"
+            "try:\n"
+            "    sandbox.nosuchthing\n"
+            "except AttributeError as e:\n"
+            "    assert 'nosuchthing' in str(e), e\n"
+            "else:\n"
+            "    raise AssertionError('sandbox.nosuchthing did not raise')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+
+
 def test_core_does_not_import_the_optional_extras() -> None:
     code = ("import sys, sandbox, sandbox.cli, sandbox.payload, sandbox.coderunner, sandbox.mcp_server\n"
             "bad = [m for m in ('mcp', 'langchain_core', 'pydantic', 'anyio') if m in sys.modules]\n"
@@ -229,3 +253,10 @@ def test_core_does_not_import_the_optional_extras() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
+
+
+def test_payload_cwd_through_a_planted_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "victim").mkdir()
+    os.symlink(tmp_path / "victim", tmp_path / "build")  # as an earlier run could have
+    d = execute(json.dumps(cmd("ls", cwd="build")), base=str(tmp_path))
+    assert d["error"]["field"] == "cwd" and "is a symbolic link" in d["error"]["message"], d

@@ -67,12 +67,30 @@ def test_fork_bomb_is_contained(contained) -> None:
     r = sandbox.run(py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
                     processes=32, timeout=2)
     assert r.status == "timeout", r
-    assert r.usage.pids_limit_hit or r.isolation.cgroup == "v1"
+    assert r.usage.pids_limit_hit, r.usage  # the cgroup's limit fires before RLIMIT_NPROC
+    # A command that stops at its first refused fork says so too.
+    r = sandbox.run(py("import os, time\ntry:\n    while True:\n        if os.fork() == 0:\n"
+                       "            time.sleep(2); os._exit(0)\nexcept OSError as e:\n    print(e.errno)"),
+                    processes=16, timeout=20)
+    assert (r.status, r.stdout, r.usage.pids_limit_hit) == ("ok", "11\n", True), r
 
 
 def test_cpu_limit(contained) -> None:
     r = sandbox.run(py("while True: pass"), cpu_time="1s", timeout=20)
     assert r.status == "cpu_limit", r
+
+
+def test_a_command_cannot_pass_its_own_signal_off_as_a_limit(isolated) -> None:
+    for sig in ("XCPU", "KILL"):
+        r = sandbox.run(["sh", "-c", f"kill -{sig} $$"])
+        assert (r.status, r.signal) == ("signaled", f"SIG{sig}"), r
+
+
+def test_timeout_past_the_grace_says_sigkill(contained) -> None:
+    r = sandbox.run(["sh", "-c", "trap '' TERM; sleep 30"], timeout=0.5, kill_grace=0.3)  # sleep ignores TERM too
+    assert (r.status, r.signal) == ("timeout", "SIGKILL"), r
+    r = sandbox.run(["sleep", "30"], timeout=0.5)
+    assert (r.status, r.signal) == ("timeout", "SIGTERM"), r
 
 
 def test_output_flood_is_capped_and_counted(contained) -> None:
@@ -111,7 +129,7 @@ def test_setup_error_names_the_step(tmp_path, isolated) -> None:
     prof = sandbox.load_profile("strict")
     from sandbox.profile import with_overrides
 
-    prof = with_overrides(prof, ro_bind=[str(gone)])
+    prof = with_overrides(prof, ro_bind=[f"{gone}:/data"])  # not under /tmp: the private /tmp hides it
     gone.rmdir()
     r = sandbox.run(["true"], profile=prof)
     assert r.status == "setup_error" and r.error_step.startswith("filesystem"), r

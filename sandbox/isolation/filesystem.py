@@ -16,6 +16,7 @@ by native/ops.py).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -58,7 +59,13 @@ _LOCKED_FLAGS = (
 NEW_ROOT = "/tmp"  # any existing directory: the tmpfs over it is private to our mount namespace
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
-PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi")
+# cmdline and config.gz: the host's boot arguments and build say more than a run needs (and
+# a VM's kernel command line can name its control ports)
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline", "config.gz")
+# The workdir cannot be idmapped here and belongs to root: running as its owner would be
+# running as host uid 0, which owns the host's files even without capabilities.
+NO_ROOT_FALLBACK = ("cannot idmap {} on this filesystem, and it belongs to root: the command would run as "
+                    "host uid 0; give the directory to an unprivileged owner")
 
 
 @record(frozen=True)
@@ -88,6 +95,11 @@ class ViewSpec:
     workdir_fixed: bool = True  # the same path for every run (not the profile's "same" as the host)
     # (disk uid, run uid, disk gid, run gid): show the caller's workdir as the run's own
     workdir_idmap: tuple[int, int, int, int] | None = None
+    # where the filesystem cannot idmap: run as the directory's owner (never when that is root)
+    workdir_fallback: bool = False
+    # (st_dev, st_ino) of the caller's workdir as the supervisor checked it: the child refuses
+    # a tree that is another directory (a path component swapped for a link since the check)
+    workdir_id: tuple[int, int] | None = None
 
 
 def _mkpoint(path: str, is_dir: bool) -> None:
@@ -122,7 +134,10 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 #   D path                            makedirs unless a directory is there
 #   l to linkpath if_absent           symlink (if_absent: skip an existing one, make parents)
 #   w path mode text                  write a file
-#   W slot path [du ru dg rg report]  open_tree clone of path; idmapped onto the run's ids when given
+#   W slot path                       open_tree clone of path
+#   V slot path dev ino               the slot must be this file (device, inode), else EXDEV
+#   I slot path du ru dg rg fallback  idmap a clone onto the run's ids; where the filesystem cannot:
+#                                     run as the owner (fallback 1, reported) or refuse (0)
 #   M slot target                     move_mount a clone onto target, then nosuid,nodev (locked flags kept)
 #   r path / x path null              a /proc entry read-only / masked (if it exists)
 #   P root                            pivot_root into root and detach the old root
@@ -195,13 +210,18 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     p.sub("mount:dev")
     dev = f"{root}/dev"
     p.mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    # Read-only binds: a device node is still written through (open() of a special file
+    # does not take the mount's write access), but its inode, the host's, cannot be chmod-ed
+    # or touched.
     for name, k in devices:
-        p.op("b", k, f"{dev}/{name}", 1, 1, 0)
+        p.op("b", k, f"{dev}/{name}", 0, 1, 0)
     for link, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                      ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
         p.op("l", to, f"{dev}/{link}", 0)
     p.op("k", f"{dev}/shm", 0o1777)
     p.op("k", f"{dev}/pts", 0o755)
+    # Sealed: templates share this tmpfs between runs, so nothing may be added to it
+    p.mount("", dev, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     p.sub("mount:etc")
     # passwd and group name the run's uid, so they live in the per-run /run.
     p.op("l", "/run/sandboxrun/passwd", f"{root}/etc/passwd", 0)
@@ -216,14 +236,17 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool) -> tuple[str, int]:
     if spec.workdir_idmap is not None or (tree and spec.workdir_host):
         p.sub("mount:open-workdir")
         k = p.slot()
+        p.op("W", k, spec.workdir_host)
+        if spec.workdir_id is not None:
+            p.op("V", k, spec.workdir_host, *spec.workdir_id)
         if spec.workdir_idmap is not None:
-            p.op("W", k, spec.workdir_host, *spec.workdir_idmap, 1)
-        else:
-            p.op("W", k, spec.workdir_host)
+            p.op("I", k, spec.workdir_host, *spec.workdir_idmap, int(spec.workdir_fallback))
         return "tree", k
     if spec.workdir_host:
         k = p.slot()
         p.op("o", k, spec.workdir_host, 0)
+        if spec.workdir_id is not None:
+            p.op("V", k, spec.workdir_host, *spec.workdir_id)
         return "fd", k
     return "tmpfs", -1
 
@@ -377,9 +400,16 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 _write(a[0], a[2], a[1])
             elif code == "W":
                 slots[a[0]] = open_tree(a[1])
-                if len(a) > 2:
-                    step[0] = "mount:idmap-workdir"
-                    idmapped = _idmap(slots[a[0]], a[2:6])
+            elif code == "V":
+                st = os.fstat(slots[a[0]])
+                if (st.st_dev, st.st_ino) != (a[2], a[3]):
+                    raise OSError(errno.EXDEV, f"{a[1]} is no longer the directory that was checked "
+                                  "(a path component replaced since)")
+            elif code == "I":
+                step[0] = "mount:idmap-workdir"
+                idmapped = _idmap(slots[a[0]], a[2:6])
+                if not idmapped and not a[6]:
+                    raise OSError(errno.EPERM, NO_ROOT_FALLBACK.format(a[1]))
             elif code == "M":
                 tree = slots.pop(a[0])
                 try:

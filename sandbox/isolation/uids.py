@@ -13,14 +13,45 @@ import os
 import struct
 import threading
 
-BASE = int(os.environ.get("SANDBOXRUN_UID_BASE", "1100000"))
-COUNT = int(os.environ.get("SANDBOXRUN_UID_COUNT", "65536"))
+from ..errors import InputError
+
+# Above every uid a host hands out to users and services (below 65536; 65534 is nobody), and
+# clear of the usual /etc/subuid ranges that start at 100000 and run 65536 per user.
+DEFAULT_BASE, DEFAULT_COUNT, LOWEST_BASE = 1_100_000, 65_536, 65_536
 LOCK_FILE = os.environ.get("SANDBOXRUN_UID_LOCK", "/run/sandboxrun/uids.lock")
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 _in_use: set[int] = set()
-_START = int.from_bytes(os.urandom(4), "little") % COUNT  # (random costs 2 ms to import)
 _mutex = threading.Lock()
+_range: tuple[int, int, int] | None = None  # base, count, this process's first slot
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"{name}={text!r}: expected a whole number") from None
+
+
+def uid_range() -> tuple[int, int]:
+    """(first uid, count) of the per-run uids, from SANDBOXRUN_UID_BASE/SANDBOXRUN_UID_COUNT."""
+    global _range
+    if _range is None:
+        base, count = _env_int("SANDBOXRUN_UID_BASE", DEFAULT_BASE), _env_int("SANDBOXRUN_UID_COUNT", DEFAULT_COUNT)
+        if base < LOWEST_BASE:  # a run would share a uid with a host user, or be root
+            raise InputError(f"SANDBOXRUN_UID_BASE={base}: expected at least {LOWEST_BASE}, above the host's "
+                             f"own users (the default is {DEFAULT_BASE})")
+        if count < 1:
+            raise InputError(f"SANDBOXRUN_UID_COUNT={count}: expected at least 1")
+        if base + count > 2**32 - 1:  # (uid_t)-1 is "no uid"
+            raise InputError(f"SANDBOXRUN_UID_BASE={base} + SANDBOXRUN_UID_COUNT={count}: past the last uid, "
+                             f"{2**32 - 2}")
+        start = int.from_bytes(os.urandom(4), "little") % count  # (random costs 2 ms to import)
+        _range = base, count, start
+    return _range[0], _range[1]
 
 
 def _flock(kind: int, offset: int) -> bytes:
@@ -40,6 +71,7 @@ class Lease:
 
 
 def allocate() -> Lease:
+    base, count = uid_range()  # first: a bad range is an InputError, before anything is opened
     try:
         fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except FileNotFoundError:
@@ -48,10 +80,10 @@ def allocate() -> Lease:
     # Each process scans from its own random slot (so processes rarely contend for a lock) and
     # takes the first free one: a process running one command at a time keeps reusing the same
     # uid, whose compiled setup steps are then cached (native/ops.py).
-    start = _START
-    for i in range(COUNT):
-        slot = (start + i) % COUNT
-        uid = BASE + slot
+    start = _range[2] if _range else 0
+    for i in range(count):
+        slot = (start + i) % count
+        uid = base + slot
         with _mutex:
             if uid in _in_use:
                 continue
@@ -63,4 +95,51 @@ def allocate() -> Lease:
             with _mutex:
                 _in_use.discard(uid)
     os.close(fd)
-    raise OSError(11, f"no free sandbox uid in {BASE}..{BASE + COUNT - 1}")
+    raise OSError(11, f"no free sandbox uid in {base}..{base + count - 1}")
+
+
+def _uids_of(pid: str) -> tuple[int, ...]:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                return tuple(int(x) for x in line.split()[1:])
+    return ()
+
+
+def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
+    """SIGKILL every process running as `uid` (a run's own uid, never shared), until none is
+    left; the number killed. For runs with neither a pid namespace nor a cgroup to kill
+    with: their double-forked daemons would outlive them, under a uid the next run gets."""
+    import time
+
+    killed = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        found = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                if uid not in _uids_of(pid):
+                    continue
+                fd = os.pidfd_open(int(pid))
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+            try:
+                if uid in _uids_of(pid):  # the pidfd is that process, not a new one with its pid
+                    signal_pidfd(fd)
+                    found += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        killed += found
+        if not found or time.monotonic() > deadline:
+            return killed
+        time.sleep(0.002)  # a process forking as it dies: its children show up next round
+
+
+def signal_pidfd(fd: int) -> None:
+    import signal
+
+    signal.pidfd_send_signal(fd, signal.SIGKILL)

@@ -638,22 +638,39 @@ static void run(void) {
             break;
         }
         case 'w': write_file(a0, op.a[2].s, op.a[2].n, num(&op, 1)); break;
-        case 'W': {  /* clone the caller's workdir; idmap it onto the run's ids when it can */
+        case 'W': {  /* clone the caller's workdir */
             int k = slot(&op, 0);
             slots[k] = syscall(SYS_OPEN_TREE, AT_FDCWD, a1, OPEN_TREE_CLONE | O_CLOEXEC);
             CHECK(slots[k], "open_tree '%s'", a1);
-            if (op.nargs < 7) break;
-            int ok = 0;
+            break;
+        }
+        case 'V': {  /* the slot must be the directory the supervisor checked (device, inode) */
+            struct stat st;
+            CHECK(fstat(slots[slot(&op, 0)], &st), "fstat '%s'", a1);
+            if ((uint64_t)st.st_dev != strtoull(op.a[2].s, NULL, 10) || (uint64_t)st.st_ino != strtoull(op.a[3].s, NULL, 10)) {
+                errno = EXDEV;
+                CHECK(-1, "%s is no longer the directory that was checked (a path component replaced since)", a1);
+            }
+            break;
+        }
+        case 'I': {  /* idmap a clone onto the run's ids; where the filesystem cannot: fall back or refuse */
+            int k = slot(&op, 0), ok = 0, why = 0;
             int userns = idmap_userns(num(&op, 2), num(&op, 3), num(&op, 4), num(&op, 5));
             if (userns >= 0) {
                 struct mount_attr_s attr = {MOUNT_ATTR_IDMAP, 0, 0, (uint64_t)userns};
                 ok = syscall(SYS_MOUNT_SETATTR, slots[k], "", AT_EMPTY_PATH, &attr, sizeof attr) == 0;
+                why = errno;
                 close(userns);
+            }
+            if (!ok && !num(&op, 6)) {  /* the owner is root: never run as host uid 0 */
+                errno = EPERM;
+                CHECK(-1, "cannot idmap %s on this filesystem (%s), and it belongs to root: the command would run "
+                      "as host uid 0; give the directory to an unprivileged owner", a1, strerror(why ? why : EINVAL));
             }
             if (!ok) {  /* no idmapped mounts here: run as the directory's owner, and say so */
                 run_uid = num(&op, 2);
                 run_gid = num(&op, 4);
-                if (num(&op, 6)) report("A uid=%d", run_uid);
+                report("A uid=%d", run_uid);
             }
             break;
         }

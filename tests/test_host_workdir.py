@@ -1,0 +1,134 @@
+"""A caller's directory given to a run read-write (`cwd`): what it may be, and whose it is.
+
+The directory is bound read-write and idmapped onto the run's uid, so the run owns what
+its owner owns there. These tests hold the lines that keep that from reaching the host:
+no system tree, no symbolic link in the path (planted by an earlier run), the child binds
+the very directory that was checked, and the command never runs as host uid 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import sandbox
+from sandbox import hostpaths, supervisor
+from sandbox.errors import InputError
+from sandbox.isolation.syscalls import umount2
+
+pytestmark = pytest.mark.usefixtures("isolated")
+PATHS = ["native", "python"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_a_link_planted_by_one_run_cannot_become_the_next_runs_workdir(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret").write_text("host-secret\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    r = sandbox.run(["sh", "-c", f"ln -s {victim} build && ln -s / rootfs && echo planted"], cwd=ws)
+    assert r.stdout == "planted\n", r
+    for name in ("build", "rootfs"):
+        with pytest.raises(InputError, match=f"{ws / name} is a symbolic link"):
+            sandbox.run(["cat", "secret"], cwd=ws / name)
+        p = _cli("--cwd", str(ws / name), "--", "cat", "secret")
+        assert p.returncode == 2 and "symbolic link" in p.stderr and "host-secret" not in p.stdout, p
+    with pytest.raises(InputError, match="symbolic link"):  # a link higher up the path too
+        sandbox.run(["true"], cwd=ws / "build" / ".")
+    # The real directory, named as such, is the caller's choice.
+    assert sandbox.run(["cat", "secret"], cwd=victim).stdout == "host-secret\n"
+
+
+@pytest.mark.parametrize("path, why", [
+    ("/", "host's root"), ("/var", "contains /var/lib"), ("/etc", "system directory"),
+    ("/usr/share", "system directory"), ("/root", "root's home"), ("/home", "every user's home"),
+    ("/tmp", "shared by the whole host")])
+def test_host_root_and_system_trees_are_never_a_writable_workdir(path: str, why: str) -> None:
+    if not os.path.isdir(path) or os.path.islink(path):
+        pytest.skip(f"no directory {path} here")
+    with pytest.raises(InputError, match=why):
+        sandbox.run(["true"], cwd=path)
+    p = _cli("--cwd", path, "--", "true")
+    assert p.returncode == 2 and why in p.stderr, p
+    [line] = list(sandbox.run_many([{"command": ["true"], "cwd": path}]))
+    assert line.status == "invalid_request" and why in line.error, line
+
+
+def test_batch_refuses_a_system_tree_as_cwd(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"id": 1, "command": ["true"], "cwd": "/"}) + "\n")
+    p = _cli("batch", str(jobs))
+    [out] = [json.loads(line) for line in p.stdout.splitlines()]
+    assert out["id"] == 1 and "host's root" in json.dumps(out), out
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_child_refuses_a_workdir_replaced_after_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          path: str) -> None:
+    # As if a component of the path had been swapped for a link between the supervisor's
+    # check and the child's open_tree: the tree the child holds is not the checked directory.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    real = hostpaths.check_writable_dir
+
+    def swapped(given: object, what: str) -> hostpaths.CheckedDir:
+        checked = real(given, what)
+        checked.ino += 1
+        return checked
+
+    monkeypatch.setattr(supervisor, "check_writable_dir", swapped)
+    r = sandbox.run(["sh", "-c", "echo ran"], cwd=tmp_path)
+    assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
+    assert r.stdout == ""
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem without idmapped mounts, owned by root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a ramfs needs root")
+    d = tmp_path / "ramfs"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "none", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a ramfs here")
+    try:
+        yield d
+    finally:
+        umount2(str(d), 2)  # MNT_DETACH
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_root_owned_workdir_without_idmap_never_runs_as_root(monkeypatch: pytest.MonkeyPatch, ramfs: Path,
+                                                             path: str) -> None:
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
+    assert r.status == "setup_error" and "host uid 0" in (r.error or ""), r
+    assert r.stdout == "" and not (ramfs / "made").exists()
+    # Owned by an unprivileged user, it runs as that user (and says so), as before.
+    os.chown(ramfs, 4242, 4242)
+    r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
+    assert r.status == "ok" and r.stdout == "4242\n" and r.isolation.uid == 4242, r
+    assert (ramfs / "made").stat().st_uid == 4242
+
+
+def test_nested_profile_never_runs_as_the_root_owner_of_its_workdir(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a root-owned directory needs a root caller")
+    work = tmp_path / "w"
+    work.mkdir()
+    with pytest.raises(InputError, match="never as root"):
+        sandbox.run(["id", "-u"], profile="nested", cwd=work)
+    os.chown(work, 4243, 4243)
+    r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
+    assert r.status == "ok" and r.stdout == "4243\n", r
