@@ -15,6 +15,7 @@ import os
 import selectors
 import shlex
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -309,8 +310,28 @@ def _sweep_stale_workdirs() -> None:
         if pid == os.getpid() or cgroups._pid_alive(pid):
             continue
         path = os.path.join(base, name)
-        if os.path.isdir(path) and not os.path.islink(path):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        # Only our own (made by us, then given to a run's uid): in a shared /tmp anyone can
+        # make a directory by that name, and removing a tree someone still changes is not a
+        # job to do as root.
+        if stat.S_ISDIR(st.st_mode) and (st.st_uid == os.geteuid() or _run_uid(st.st_uid)):
             remove_tree(path)
+
+
+def _run_uid(uid: int) -> bool:
+    """One of the per-run uids (isolation/uids.py), which no one but our runs has."""
+    if _rootless():
+        return False
+    from .isolation.uids import uid_range
+
+    try:
+        base, count = uid_range()
+    except InputError:
+        return False
+    return base <= uid < base + count
 
 
 def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int, int | None, Any]:

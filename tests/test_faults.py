@@ -187,11 +187,20 @@ def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path
     (tmp_path / f"sandboxrun-{dead.pid}-abc" / "file").write_text("x")
     (tmp_path / f"sandboxrun-{os.getppid()}-live").mkdir()  # a live owner: kept
     (tmp_path / "sandboxrun-rootless-xyz").mkdir()  # not ours: kept
+    run_owned = tmp_path / f"sandboxrun-{dead.pid}-run"  # given to a run's uid: ours, removed
+    run_owned.mkdir()
+    stranger = tmp_path / f"sandboxrun-{dead.pid}-planted"  # someone else's, by that name: kept
+    stranger.mkdir()
+    if os.geteuid() == 0:
+        from sandbox.isolation.uids import uid_range
+
+        os.chown(run_owned, uid_range()[0] + 7, -1)
+        os.chown(stranger, 4244, -1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(supervisor, "_swept", False)
     supervisor._sweep_stale_workdirs()
-    assert sorted(d.name for d in tmp_path.iterdir()) == sorted(
-        [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"])
+    kept = [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"]
+    assert sorted(d.name for d in tmp_path.iterdir()) == sorted(kept + ([stranger.name] if os.geteuid() == 0 else []))
 
 
 @pytest.fixture
