@@ -32,7 +32,8 @@ from .result import Result
 # out on purpose: a JSONL line must not name a file descriptor of this process.
 RUN_KEYS = ("command", "shell", "stdin", "timeout", "env", "cwd", "profile", "id")
 OVERRIDE_KEYS = ("memory", "output", "cpu_time", "kill_grace", "address_space", "processes", "file_size",
-                 "open_files", "cpus", "tmp_size", "ro_bind", "bind", "network", "hostname", "trace")
+                 "open_files", "cpus", "tmp_size", "workdir_size", "ro_bind", "bind", "network",
+                 "hostname", "trace")
 REQUEST_KEYS = frozenset(RUN_KEYS + OVERRIDE_KEYS)
 
 WINDOW_PER_WORKER = 4  # ordered mode: results held while an earlier request is still running

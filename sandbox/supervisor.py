@@ -129,6 +129,8 @@ def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
         if "\0" in command:
             raise InputError("command contains a NUL byte")
         if shell:
+            if not command.strip():
+                raise InputError("command is empty")
             argv = ["/bin/sh", "-c", command]
         else:
             try:
@@ -840,7 +842,10 @@ def run(
                             **overrides)
     overrides.pop("yield_after", None)
     started = time.monotonic()
-    trace = bool(overrides.pop("trace", False)) or os.environ.get("SANDBOXRUN_TRACE") == "1"
+    for name, value in (("shell", shell), ("trace", overrides.get("trace", False))):
+        if not isinstance(value, bool):  # "no" and "false" are true to Python
+            raise InputError(f"{name}: expected True or False, got {value!r}")
+    trace = overrides.pop("trace", False) or os.environ.get("SANDBOXRUN_TRACE") == "1"
     on_stdout = overrides.pop("on_stdout", None)
     on_stderr = overrides.pop("on_stderr", None)
     stdin_fd = overrides.pop("stdin_fd", None)

@@ -69,8 +69,10 @@ def test_ids_requests_and_overrides(isolated) -> None:
         BatchRequest(command="echo $X", shell=True, env={"X": "from-env"}, id="b"),
         BatchRequest(command=["head", "-c", "5000", "/dev/zero"], overrides={"output": "1KiB"}),
         {"command": ["sh", "-c", "exit 3"]},
+        {"command": ["sh", "-c", "df -k /work | tail -n 1"], "workdir_size": "1MiB"},  # every run() setting
     ]
-    a, b, c, d = run_many(reqs)
+    a, b, c, d, e = run_many(reqs)
+    assert e.status == "ok" and e.stdout.split()[1] == "1024", e
     assert (a.id, a.stdout) == ({"task": 7}, "abc")
     assert (b.id, b.stdout) == ("b", "from-env\n")
     assert (c.id, c.stdout_bytes, c.stdout_truncated) == (3, 5000, True)
