@@ -156,6 +156,8 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
     """
     workers = _positive(concurrency)
     prof = profile if isinstance(profile, Profile) else load(profile)  # a bad profile fails now, not per line
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
+        raise InputError(f"requests: expected an iterable of requests, got {type(requests).__name__}")
     return _stream(enumerate(requests, 1), workers, ordered, prof)
 
 

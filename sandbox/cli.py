@@ -12,6 +12,7 @@ import argparse
 import io
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Sequence
 
@@ -201,6 +202,8 @@ def cmd_run(argv: list[str]) -> int:
             kw["stdin_fd"] = os.open(ns.stdin_file, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             raise SandboxError(f"--stdin-file {ns.stdin_file}: {e.strerror}") from None
+        if stat.S_ISDIR(os.fstat(kw["stdin_fd"]).st_mode):
+            raise SandboxError(f"--stdin-file {ns.stdin_file}: is a directory")
     if not ns.json:
         kw["on_stdout"] = _write_through(sys.stdout.buffer)
         kw["on_stderr"] = _write_through(sys.stderr.buffer)

@@ -189,6 +189,7 @@ CLI_ROWS: list[Any] = [
     ("bind-missing", ["--bind", "/no/such/dir", "--", "true"], "does not exist"),
     ("network-unknown", ["--network", "bridge", "--", "true"], "network"),
     ("stdin-file-missing", ["--stdin-file", "/no/such/file", "--", "cat"], "/no/such/file"),
+    ("stdin-file-directory", ["--stdin-file", "/etc", "--", "cat"], "/etc: is a directory"),
     ("unknown-flag", ["--bogus", "--", "true"], "--bogus"),
     ("no-command", ["--"], "no command"),
     ("nothing", [], "no command"),
@@ -428,6 +429,7 @@ def test_batch_cli_reports_every_bad_line_and_exits_1() -> None:
     ({"SANDBOXRUN_UID_BASE": "abc"}, "SANDBOXRUN_UID_BASE='abc': expected a whole number"),
     ({"SANDBOXRUN_UID_COUNT": "0"}, "SANDBOXRUN_UID_COUNT=0: expected at least 1"),
     ({"SANDBOXRUN_UID_BASE": "4294967290"}, "past the last uid"),
+    ({"SANDBOXRUN_CGROUP": "bogus"}, "SANDBOXRUN_CGROUP='bogus': expected v1, v2 or none"),
 ])
 def test_uid_range_variables_are_checked(env: dict[str, str], needle: str) -> None:
     # A range reaching below the host's users could make a run root (uid 0) or a real user.

@@ -113,6 +113,9 @@ def test_bad_arguments_fail_at_the_call() -> None:
     with pytest.raises(ProfileError, match="unknown profile"):
         run_many([], profile="no-such-profile")
     assert list(run_many([])) == []
+    for bad in (5, "true", {"command": "true"}):  # one request, not an iterable of them
+        with pytest.raises(InputError, match="expected an iterable of requests"):
+            run_many(bad)  # type: ignore[arg-type]
 
 
 def test_input_is_streamed_and_closing_stops_the_batch(isolated) -> None:

@@ -472,6 +472,10 @@ def detect() -> Backend:
 
 def _detect() -> Backend:
     forced = os.environ.get("SANDBOXRUN_CGROUP")  # "v1", "v2" or "none", for tests and odd hosts
+    if forced not in (None, "", "v1", "v2", "none"):
+        from ..errors import InputError
+
+        raise InputError(f"SANDBOXRUN_CGROUP={forced!r}: expected v1, v2 or none (or unset: detect)")
     mounts = _mountinfo()
     v1 = {}
     v2_root = None
