@@ -12,7 +12,6 @@ import argparse
 import io
 import os
 import signal
-import stat
 import sys
 from collections.abc import Callable, Sequence
 
@@ -198,12 +197,10 @@ def cmd_run(argv: list[str]) -> int:
 
     supervisor.use_direct_forker()
     if ns.stdin_file:
-        try:
-            kw["stdin_fd"] = os.open(ns.stdin_file, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise SandboxError(f"--stdin-file {ns.stdin_file}: {e.strerror}") from None
-        if stat.S_ISDIR(os.fstat(kw["stdin_fd"]).st_mode):
-            raise SandboxError(f"--stdin-file {ns.stdin_file}: is a directory")
+        from .hostpaths import open_for_reading
+
+        kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")  # no planted link followed
+        os.set_blocking(kw["stdin_fd"], True)
     if not ns.json:
         kw["on_stdout"] = _write_through(sys.stdout.buffer)
         kw["on_stderr"] = _write_through(sys.stderr.buffer)

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -125,15 +126,14 @@ def _read_script(script: str | os.PathLike[str]) -> tuple[str, bytes]:
     path = os.fspath(script)
     if not path or "\0" in path:
         raise InputError("script: empty path or NUL byte")
+    from .hostpaths import open_for_reading
+
+    fd = open_for_reading(path, "script")  # no link anywhere in its path: we may be root
     try:
-        with open(path, "rb") as f:
-            if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise InputError(f"script: not a regular file: {path}")
             data = f.read(MAX_SCRIPT_BYTES + 1)
-    except IsADirectoryError:
-        raise InputError(f"script: is a directory: {path}") from None
-    except FileNotFoundError:
-        raise InputError(f"script: no such file: {path}") from None
     except OSError as e:
         raise InputError(f"script: cannot read {path}: {e.strerror}") from None
     if len(data) > MAX_SCRIPT_BYTES:
@@ -319,10 +319,10 @@ def main(argv: list[str]) -> int:
         args = [_cli_value(a) for a in args]
     kw = run_kwargs(ns)
     if ns.stdin_file:
-        try:
-            kw["stdin_fd"] = os.open(ns.stdin_file, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise InputError(f"--stdin-file {ns.stdin_file}: {e.strerror}") from None
+        from .hostpaths import open_for_reading
+
+        kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")
+        os.set_blocking(kw["stdin_fd"], True)
     from . import supervisor
 
     supervisor.use_direct_forker()  # the CLI is single-threaded: fork from here

@@ -24,7 +24,8 @@ SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
                 "/proc", "/sys", "/run")
 # Not these whole trees (a directory inside one, such as a CI job's workspace under
 # /var/lib/jenkins or /root/project, is the caller's choice), nor their ancestors.
-SHARED_TREES = ("/var", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/opt", "/srv", "/tmp", "/root", "/home")
+SHARED_TREES = ("/var", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/tmp", "/opt", "/srv", "/tmp",
+                "/root", "/home")
 
 
 def system_tree_problem(path: str) -> str | None:
@@ -53,8 +54,8 @@ class CheckedDir:
         self.dev, self.ino, self.uid, self.gid = st.st_dev, st.st_ino, st.st_uid, st.st_gid
 
 
-def check_writable_dir(given: object, what: str) -> CheckedDir:
-    """Check a host directory that a run gets read-write; raise InputError naming `what`."""
+def _normalised(given: object, what: str) -> tuple[str, str]:
+    """(the caller's text, its absolute normalised form); InputError for what is not a path."""
     if not isinstance(given, (str, os.PathLike)):
         raise InputError(f"{what}: expected a path, got {type(given).__name__}")
     text = os.fspath(given)
@@ -65,25 +66,96 @@ def check_writable_dir(given: object, what: str) -> CheckedDir:
     if "\0" in text:
         raise InputError(f"{what} contains a NUL byte")
     path = os.path.normpath(os.path.abspath(text))
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
+    return text, "/" + path.lstrip("/")  # normpath keeps a leading "//"
+
+
+def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
+    """An O_PATH fd of `path`, opened one component at a time from `/`, each relative to the
+    last and never through a symbolic link."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     cur = ""
-    st = os.lstat("/")
-    for part in path.split("/")[1:]:
-        cur = f"{cur}/{part}"
+    try:
+        for part in path.split("/")[1:] if path != "/" else ():
+            cur = f"{cur}/{part}"
+            try:
+                nfd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                raise InputError(f"{what}: no such {noun}: {text}") from None
+            except NotADirectoryError:
+                raise InputError(f"{what}: {cur.rsplit('/', 1)[0]} is not a directory") from None
+            except OSError as e:
+                raise InputError(f"{what}: {cur}: {e.strerror}") from None
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise InputError(
+                    f"{what}: {cur} is a symbolic link; a path the sandbox gets from the host may not contain "
+                    "one (a run can plant links in its workdir): give the real path")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _same_as_a_system_tree(st: os.stat_result) -> str | None:
+    """The system or shared tree that this directory is, mounted under another name."""
+    for t in ("/", *SYSTEM_TREES, *SHARED_TREES):
         try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            raise InputError(f"{what}: no such directory: {text}") from None
-        except OSError as e:
-            raise InputError(f"{what}: {cur}: {e.strerror}") from None
-        if stat.S_ISLNK(st.st_mode):
-            raise InputError(
-                f"{what}: {cur} is a symbolic link; the path of a writable directory may not contain one "
-                "(a run can plant links in its workdir): give the real directory")
-        if not stat.S_ISDIR(st.st_mode):
-            raise InputError(f"{what}: not a directory: {text}")
+            ts = os.stat(t)
+        except OSError:
+            continue
+        if (ts.st_dev, ts.st_ino) == (st.st_dev, st.st_ino):
+            return t
+    return None
+
+
+def check_writable_dir(given: object, what: str) -> CheckedDir:
+    """Check a host directory that a run gets read-write; raise InputError naming `what`."""
+    text, path = _normalised(given, what)
+    fd = _walk(path, text, what)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what}: not a directory: {text}")
     problem = system_tree_problem(path)
+    if problem is None:
+        same = _same_as_a_system_tree(st)
+        if same is not None:
+            problem = f"{path} is {same}, mounted there"
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be the sandbox's writable directory")
     return CheckedDir(path, st)
+
+
+def check_writable_bind(given: object, what: str) -> None:
+    """A read-write bind's source: a file or directory, reached without a link, that is not
+    (nor holds) a system tree."""
+    text, path = _normalised(given, what)
+    fd = _walk(path, text, what, "file or directory")
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    problem = system_tree_problem(path) or (
+        f"{path} is {same}, mounted there" if stat.S_ISDIR(st.st_mode) and (same := _same_as_a_system_tree(st))
+        else None)
+    if problem:
+        raise InputError(f"{what}: {problem}; it cannot be bound read-write")
+
+
+def open_for_reading(given: object, what: str) -> int:
+    """Open a host file that the supervisor (perhaps root) reads for a run, without following
+    a link anywhere in its path; refuses a directory. A file descriptor, close-on-exec."""
+    text, path = _normalised(given, what)
+    fd = _walk(path, text, what, "file")
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise InputError(f"{what}: {text}: is a directory")
+        try:  # from the O_PATH fd: the file the walk ended on, not whatever the path names now
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as e:
+            raise InputError(f"{what}: {text}: {e.strerror}") from None
+    finally:
+        os.close(fd)

@@ -862,9 +862,9 @@ def _prepare(command: Any, profile: Any, timeout: Any, cwd: Any, env: Any, shell
     if cwd is not None:
         if not isinstance(cwd, (str, os.PathLike)):
             raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
-        cwd = os.path.realpath(os.fspath(cwd))
-        if not os.path.isdir(cwd):
-            raise InputError(f"cwd: no such directory: {cwd}")
+        from .hostpaths import check_writable_dir
+
+        cwd = check_writable_dir(cwd, "cwd").path  # as a foreground run: no system tree, no link
     if prof.blocklist or prof.block or prof.allow:
         from .filter import check
 
@@ -911,9 +911,10 @@ def start(
     if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
         raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
     if stdin_file is not None:
-        stdin_file = os.path.realpath(os.fspath(stdin_file))
-        if not os.path.isfile(stdin_file) or not os.access(stdin_file, os.R_OK):
-            raise InputError(f"stdin_file: not a readable file: {stdin_file}")
+        from .hostpaths import open_for_reading
+
+        os.close(open_for_reading(stdin_file, "stdin_file"))  # readable, and no link in its path
+        stdin_file = os.path.normpath(os.path.abspath(os.fspath(stdin_file)))
     prep = _prepare(command, profile, timeout, cwd, env, shell, pty, overrides)
     root = state_dir()
     sweep_expired(root)

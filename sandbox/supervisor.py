@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from . import profile as profiles
 from .errors import InputError
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
-from .hostpaths import CheckedDir, check_writable_dir
+from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir
 from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
@@ -344,11 +344,13 @@ def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int,
         # No mount namespace: run as the directory's owner so it stays writable; never as
         # root, who owns the host's files (Landlock does not cover chmod or chown).
         c = work.checked
-        if c.uid == 0 or c.gid == 0:
-            raise InputError(f"cwd: {c.path} belongs to {'root' if c.uid == 0 else 'group root'}; profile "
-                             f"{prof.name!r} runs the command as its workdir's owner, never as root: give it a "
-                             "directory owned by an unprivileged user, or no cwd for a fresh one")
-        return c.uid, c.gid, c.uid, None
+        if c.uid == 0:
+            raise InputError(f"cwd: {c.path} belongs to root; profile {prof.name!r} runs the command as its "
+                             "workdir's owner, never as root: give it a directory owned by an unprivileged user, "
+                             "or no cwd for a fresh one")
+        # Not the directory's group, which could be shadow, disk or docker: the owner's
+        # permissions are what writing there takes.
+        return c.uid, NOGROUP, c.uid, None
     from .isolation.uids import allocate
 
     lease = allocate()
@@ -373,8 +375,8 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         # unless that is root: then it does not run.
         c = work.checked
         idmap = (c.uid, uid, c.gid, gid)
-        if c.uid != 0 and c.gid != 0:
-            extra["fallback_ids"] = (c.uid, c.gid)
+        if c.uid != 0:
+            extra["fallback_ids"] = (c.uid, NOGROUP)  # the owner, but never the directory's group
     if "SANDBOXRUN_FAIL_STEP" in os.environ:
         extra["fail_step"] = os.environ["SANDBOXRUN_FAIL_STEP"]
     inside = work.path if prof.workdir == "same" and work.path else (
@@ -401,6 +403,9 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         v = getattr(lim, key)
         if v is not None:
             rl.append((key, v))
+    for m in prof.mounts:  # the caller's read-write binds: no link in the path, no system tree
+        if m.writable:
+            check_writable_bind(m.source, f"bind {m.source}")
     rw = [inside, "/tmp", "/dev"] if view else [work.path, "/tmp", "/dev", "/dev/shm"]
     rw += [m.target for m in prof.mounts if m.writable]
     bpf = b""
@@ -424,6 +429,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
 
 
 NPROC_MARGIN = 8
+NOGROUP = 65534  # the group of a run that runs as a directory's owner
 
 
 def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int) -> None:

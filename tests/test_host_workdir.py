@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -54,7 +55,7 @@ def test_a_link_planted_by_one_run_cannot_become_the_next_runs_workdir(tmp_path:
 @pytest.mark.parametrize("path, why", [
     ("/", "host's root"), ("/var", "contains /var/lib"), ("/etc", "system directory"),
     ("/usr/share", "system directory"), ("/root", "root's home"), ("/home", "every user's home"),
-    ("/tmp", "shared by the whole host")])
+    ("/tmp", "shared by the whole host"), ("/var/tmp", "shared by the whole host")])
 def test_host_root_and_system_trees_are_never_a_writable_workdir(path: str, why: str) -> None:
     if not os.path.isdir(path) or os.path.islink(path):
         pytest.skip(f"no directory {path} here")
@@ -120,6 +121,10 @@ def test_root_owned_workdir_without_idmap_never_runs_as_root(monkeypatch: pytest
     r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
     assert r.status == "ok" and r.stdout == "4242\n" and r.isolation.uid == 4242, r
     assert (ramfs / "made").stat().st_uid == 4242
+    # As the owner, never in the directory's group (shadow, disk, docker...): nogroup.
+    os.chown(ramfs, 4242, 42)
+    r = sandbox.run(["sh", "-c", "id -u; id -g; id -G"], cwd=ramfs)
+    assert r.status == "ok" and r.stdout.split() == ["4242", "65534", "65534"], r
 
 
 def test_nested_profile_never_runs_as_the_root_owner_of_its_workdir(tmp_path: Path) -> None:
@@ -129,6 +134,70 @@ def test_nested_profile_never_runs_as_the_root_owner_of_its_workdir(tmp_path: Pa
     work.mkdir()
     with pytest.raises(InputError, match="never as root"):
         sandbox.run(["id", "-u"], profile="nested", cwd=work)
-    os.chown(work, 4243, 4243)
-    r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
-    assert r.status == "ok" and r.stdout == "4243\n", r
+    os.chown(work, 4243, 42)  # a group such as shadow: not the run's
+    r = sandbox.run(["sh", "-c", "id -u; id -G"], profile="nested", cwd=work)
+    assert r.status == "ok" and r.stdout.split() == ["4243", "65534"], r
+
+
+def test_the_path_walk_cannot_be_redirected_by_a_link_swapped_in_midway(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    # A concurrent run can exchange a component of the path for a link, in its own workdir,
+    # while the supervisor checks it: the walk holds each directory it passed by fd, so it
+    # ends where the real directories lead, never where the link points.
+    (tmp_path / "ws" / "build" / "sub").mkdir(parents=True)
+    (tmp_path / "victim" / "sub").mkdir(parents=True)
+    real_open = os.open
+    swapped: list[bool] = []
+
+    def open_then_swap(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        if path == "build" and not swapped:
+            os.rename(tmp_path / "ws" / "build", tmp_path / "ws" / "build.real")
+            os.symlink(tmp_path / "victim", tmp_path / "ws" / "build")
+            swapped.append(True)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_swap)
+    checked = hostpaths.check_writable_dir(tmp_path / "ws" / "build" / "sub", "cwd")
+    monkeypatch.undo()
+    assert swapped
+    real = os.stat(tmp_path / "ws" / "build.real" / "sub")
+    assert (checked.dev, checked.ino) == (real.st_dev, real.st_ino)  # not the victim's
+    # (The child clones by path, which now leads to the victim: the identity check refuses
+    # that, test_child_refuses_a_workdir_replaced_after_the_check.)
+
+
+def test_a_system_tree_mounted_elsewhere_is_still_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("bind-mounting needs root")
+    d = tmp_path / "etc-again"
+    d.mkdir()
+    if subprocess.run(["mount", "--bind", "/etc", str(d)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        with pytest.raises(InputError, match="is /etc, mounted there"):
+            sandbox.run(["true"], cwd=d)
+    finally:
+        umount2(str(d), 2)
+
+
+def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("host-secret\n")
+    secret.chmod(0o600)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.symlink(secret, ws / "input.txt")  # planted by an earlier run
+    os.symlink(tmp_path, ws / "build")
+    p = _cli("--stdin-file", str(ws / "input.txt"), "--", "cat")
+    assert p.returncode == 2 and "symbolic link" in p.stderr and "host-secret" not in p.stdout, p
+    with pytest.raises(InputError, match="symbolic link"):
+        sandbox.run(["true"], bind=f"{ws / 'build'}:/data")
+    for src in ("/etc", "/"):
+        with pytest.raises(InputError, match="cannot be bound read-write"):
+            sandbox.run(["true"], bind=f"{src}:/data")
+    with pytest.raises(InputError, match="symbolic link"):  # background runs check as foreground ones
+        sandbox.start(["true"], cwd=ws / "build")
+    # The real file, named as such, is the caller's choice.
+    p = _cli("--stdin-file", str(secret), "--", "cat")
+    assert p.returncode == 0 and p.stdout == "host-secret\n", p

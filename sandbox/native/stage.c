@@ -52,6 +52,7 @@
 #define REPORT_FD 4
 #define MAX_ARGS 8
 #define MAX_SLOTS 64
+#define NOGROUP 65534
 
 #ifndef SYS_pivot_root
 #define SYS_pivot_root 155
@@ -669,7 +670,7 @@ static void run(void) {
             }
             if (!ok) {  /* no idmapped mounts here: run as the directory's owner, and say so */
                 run_uid = num(&op, 2);
-                run_gid = num(&op, 4);
+                run_gid = NOGROUP;  /* never the directory's group (shadow, disk, docker...) */
                 report("A uid=%d", run_uid);
             }
             break;
