@@ -542,6 +542,13 @@ def execute(req: Request) -> Result:
         netns = ready.take() if ready is not None and plan.loopback else -1
         if netns >= 0:
             opened.append(netns)
+        if lease is not None and cg is None and not plan.pid_namespace:
+            # Only the uid can find such a run's processes: clear it, and once per process
+            # every uid that a SIGKILLed supervisor's run still holds.
+            from .isolation.uids import kill_processes_of, sweep_orphans
+
+            sweep_orphans()
+            kill_processes_of(lease.uid)
         try:
             launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns))
         except ForkError as e:

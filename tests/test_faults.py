@@ -511,3 +511,30 @@ def test_nested_without_a_cgroup_leaves_no_daemon_behind(private_tmp: Path) -> N
     finally:
         for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
             os.kill(proc.pid, 9)
+
+
+def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> None:
+    # A supervisor SIGKILLed during a nested run without a cgroup leaves the run's processes
+    # behind, under its uid: the next such run kills them (taking the uid's lock to do it).
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as a per-run uid")
+    from conftest import marker
+
+    from sandbox.isolation.uids import uid_range
+
+    base, count = uid_range()
+    uid = base + count - 1
+    mark = marker()
+    orphan = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bash", "-c",
+                               f"exec -a {mark} sleep 1000"], start_new_session=True)
+    try:
+        wait_marked(mark, count=1)
+        p = subprocess.run([sys.executable, "-m", "sandbox", "--profile", "nested", "--", "true"],
+                           env=env(SANDBOXRUN_CGROUP="none", TMPDIR=str(private_tmp)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert orphan.wait(timeout=10) == -9
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()

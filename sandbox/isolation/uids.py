@@ -70,13 +70,17 @@ class Lease:
             _in_use.discard(self.uid)
 
 
-def allocate() -> Lease:
-    base, count = uid_range()  # first: a bad range is an InputError, before anything is opened
+def _open_lock_file() -> int:
     try:
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def allocate() -> Lease:
+    base, count = uid_range()  # first: a bad range is an InputError, before anything is opened
+    fd = _open_lock_file()
     # Each process scans from its own random slot (so processes rarely contend for a lock) and
     # takes the first free one: a process running one command at a time keeps reusing the same
     # uid, whose compiled setup steps are then cached (native/ops.py).
@@ -99,8 +103,11 @@ def allocate() -> Lease:
 
 
 def _uids_of(pid: str) -> tuple[int, ...]:
+    """The process's uids (real, effective, saved, fs); none for a zombie, already dead."""
     with open(f"/proc/{pid}/status", "rb") as f:
         for line in f:
+            if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
+                return ()
             if line.startswith(b"Uid:"):
                 return tuple(int(x) for x in line.split()[1:])
     return ()
@@ -143,3 +150,43 @@ def signal_pidfd(fd: int) -> None:
     import signal
 
     signal.pidfd_send_signal(fd, signal.SIGKILL)
+
+
+_swept = False
+
+
+def sweep_orphans() -> int:
+    """Once per process: kill what runs as a per-run uid that no supervisor holds (the lock
+    is free), left by a supervisor SIGKILLed during a run that had neither a pid namespace
+    nor a cgroup (`nested` without one); the number of uids swept. The uid's lock is taken
+    while its processes are killed, so a run that gets the uid meanwhile cannot be hit."""
+    global _swept
+    with _mutex:
+        if _swept:
+            return 0
+        _swept = True
+    base, count = uid_range()
+    found: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                found.update(u for u in _uids_of(pid) if base <= u < base + count)
+            except OSError:
+                pass
+    swept = 0
+    for uid in sorted(found):
+        with _mutex:
+            if uid in _in_use:
+                continue
+        fd = _open_lock_file()
+        try:
+            fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid - base))
+        except OSError:
+            os.close(fd)  # a live supervisor's run
+            continue
+        try:
+            kill_processes_of(uid)
+            swept += 1
+        finally:
+            os.close(fd)
+    return swept
