@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from .errors import EXIT_SANDBOX, EXIT_USAGE, SandboxError
+from .errors import EXIT_SANDBOX, EXIT_USAGE, InputError, SandboxError
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
@@ -187,6 +187,8 @@ def cmd_run(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     cmd = command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")
     kw = run_kwargs(ns)
+    if ns.yield_ms is not None and ns.yield_ms < 0:
+        raise InputError(f"--yield-ms: expected milliseconds >= 0, got {ns.yield_ms:g}")
     if ns.yield_ms is not None:
         from .sessions import run_or_yield
 

@@ -136,7 +136,8 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
         if not p.is_absolute() and relative_to is not None:
             p = relative_to / p
         if not p.is_file():
-            raise ProfileError("no such profile file", key="profile", value=ref)
+            raise ProfileError("is a directory, not a profile file" if p.is_dir() else "no such profile file",
+                               key="profile", value=ref)
         return p
     for d in _search_dirs():
         p = d / f"{ref}.toml"

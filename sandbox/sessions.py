@@ -72,6 +72,8 @@ class SessionBlocked(SandboxError):
 def state_dir() -> str:
     """The state directory, created 0700 and checked: a real directory owned by us."""
     path = os.environ.get("SANDBOXRUN_STATE_DIR", "")
+    if path and not os.path.isabs(path):  # relative to whichever directory each call runs in
+        raise InputError(f"SANDBOXRUN_STATE_DIR={path!r}: expected an absolute path")
     if not path:
         if os.geteuid() == 0:
             path = "/run/sandboxrun"
@@ -81,8 +83,11 @@ def state_dir() -> str:
             path = f"/tmp/sandboxrun-{os.geteuid()}"
     path = os.path.abspath(path)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        os.mkdir(path, 0o700)
+        if os.environ.get("SANDBOXRUN_STATE_DIR"):  # the caller's: it must exist, not appear on a typo
+            os.mkdir(path, 0o700)
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as e:

@@ -174,7 +174,7 @@ def test_non_utf8_argv_and_output_bytes_are_preserved(isolated) -> None:
 
 CLI_ROWS: list[Any] = [
     ("unknown-profile", ["--profile", "nonesuch", "--", "true"], "unknown profile"),
-    ("profile-is-dir", ["--profile", "/tmp/", "--", "true"], "no such profile file"),
+    ("profile-is-dir", ["--profile", "/tmp/", "--", "true"], "is a directory, not a profile file"),
     ("timeout-words", ["--timeout", "soon", "--", "true"], "timeout"),
     ("timeout-negative", ["--timeout", "-3", "--", "true"], "negative"),
     ("timeout-over-max", ["--timeout", "9" * 400, "--", "true"], "timeout"),
@@ -190,6 +190,7 @@ CLI_ROWS: list[Any] = [
     ("network-unknown", ["--network", "bridge", "--", "true"], "network"),
     ("stdin-file-missing", ["--stdin-file", "/no/such/file", "--", "cat"], "/no/such/file"),
     ("stdin-file-directory", ["--stdin-file", "/etc", "--", "cat"], "/etc: is a directory"),
+    ("yield-negative", ["run", "--yield-ms", "-5", "--", "true"], "--yield-ms: expected milliseconds >= 0"),
     ("unknown-flag", ["--bogus", "--", "true"], "--bogus"),
     ("no-command", ["--"], "no command"),
     ("nothing", [], "no command"),

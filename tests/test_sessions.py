@@ -412,3 +412,11 @@ def test_cli_run_yield_and_errors() -> None:
         r = cli(*args)
         assert r.returncode == 2 and b"Traceback" not in r.stderr, (args, r)
         assert r.stderr.strip().splitlines()[-1].startswith(b"sandboxrun: error: "), (args, r)
+
+
+def test_state_dir_variable_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, needle in ((str(tmp_path / "no" / "such"), "No such file"), ("relative", "absolute path")):
+        monkeypatch.setenv("SANDBOXRUN_STATE_DIR", value)
+        with pytest.raises(SandboxError, match=needle):
+            sessions.state_dir()
+    assert not (tmp_path / "no").exists()
