@@ -69,9 +69,10 @@ def _normalised(given: object, what: str) -> tuple[str, str]:
     return text, "/" + path.lstrip("/")  # normpath keeps a leading "//"
 
 
-def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
+def _walk(path: str, text: str, what: str, noun: str = "directory",
+          seen: list[tuple[int, int]] | None = None) -> int:
     """An O_PATH fd of `path`, opened one component at a time from `/`, each relative to the
-    last and never through a symbolic link."""
+    last and never through a symbolic link; `seen` gets each component's (dev, ino)."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     cur = ""
     try:
@@ -87,7 +88,10 @@ def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
                 raise InputError(f"{what}: {cur}: {e.strerror}") from None
             os.close(fd)
             fd = nfd
-            if stat.S_ISLNK(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if seen is not None:
+                seen.append((st.st_dev, st.st_ino))
+            if stat.S_ISLNK(st.st_mode):
                 raise InputError(
                     f"{what}: {cur} is a symbolic link; a path the sandbox gets from the host may not contain "
                     "one (a run can plant links in its workdir): give the real path")
@@ -97,33 +101,47 @@ def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
         raise
 
 
-def _same_as_a_system_tree(st: os.stat_result) -> str | None:
-    """The system or shared tree that this directory is, mounted under another name."""
-    for t in ("/", *SYSTEM_TREES, *SHARED_TREES):
-        try:
-            ts = os.stat(t)
-        except OSError:
-            continue
-        if (ts.st_dev, ts.st_ino) == (st.st_dev, st.st_ino):
-            return t
+_TREE_IDS: dict[tuple[int, int], str] = {}
+
+
+def _tree_ids() -> dict[tuple[int, int], str]:
+    """(dev, ino) -> name of `/` and every system and shared tree here (once a process)."""
+    if not _TREE_IDS:
+        for t in ("/", *SYSTEM_TREES, *SHARED_TREES):
+            try:
+                st = os.stat(t)
+            except OSError:
+                continue
+            _TREE_IDS.setdefault((st.st_dev, st.st_ino), t)
+    return _TREE_IDS
+
+
+def _mounted_tree_problem(path: str, seen: list[tuple[int, int]]) -> str | None:
+    """The path rules again, by identity: a system tree bind-mounted elsewhere (`mount --bind
+    / /srv/host`, then `/srv/host/etc/default`) is still that tree."""
+    ids = _tree_ids()
+    t = ids.get(seen[-1]) if seen else "/"
+    if t is not None:
+        return f"{path} is {t}, mounted there"
+    for dev_ino in seen[:-1]:
+        t = ids.get(dev_ino)
+        if t in SYSTEM_TREES:
+            return f"{path} is in {t}, mounted there"
     return None
 
 
 def check_writable_dir(given: object, what: str) -> CheckedDir:
     """Check a host directory that a run gets read-write; raise InputError naming `what`."""
     text, path = _normalised(given, what)
-    fd = _walk(path, text, what)
+    seen: list[tuple[int, int]] = []
+    fd = _walk(path, text, what, seen=seen)
     try:
         st = os.fstat(fd)
     finally:
         os.close(fd)
     if not stat.S_ISDIR(st.st_mode):
         raise InputError(f"{what}: not a directory: {text}")
-    problem = system_tree_problem(path)
-    if problem is None:
-        same = _same_as_a_system_tree(st)
-        if same is not None:
-            problem = f"{path} is {same}, mounted there"
+    problem = system_tree_problem(path) or _mounted_tree_problem(path, seen)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be the sandbox's writable directory")
     return CheckedDir(path, st)
@@ -133,14 +151,9 @@ def check_writable_bind(given: object, what: str) -> None:
     """A read-write bind's source: a file or directory, reached without a link, that is not
     (nor holds) a system tree."""
     text, path = _normalised(given, what)
-    fd = _walk(path, text, what, "file or directory")
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    problem = system_tree_problem(path) or (
-        f"{path} is {same}, mounted there" if stat.S_ISDIR(st.st_mode) and (same := _same_as_a_system_tree(st))
-        else None)
+    seen: list[tuple[int, int]] = []
+    os.close(_walk(path, text, what, "file or directory", seen=seen))
+    problem = system_tree_problem(path) or _mounted_tree_problem(path, seen)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be bound read-write")
 

@@ -247,28 +247,57 @@ class _Workdir:
 
 
 def remove_tree(path: str) -> None:
-    """rmtree that neither follows symlinks (rmtree never does) nor gives up on a
-    directory the sandbox made unwritable; never touches anything above `path`."""
-    if not os.path.lexists(path):
-        return
-
-    def onerror(_f: object, p: str, _e: object) -> None:
-        for d in (os.path.dirname(p), p):
-            if d.startswith(path) and not os.path.islink(d):
-                try:
-                    os.chmod(d, 0o700)
-                except OSError:
-                    pass
-
+    """Remove `path` and all in it by directory fds: never through a symbolic link, never
+    outside `path`, even while what is in it changes (in a shared /tmp, anyone may try to
+    swap a directory for a link mid-way); directories made unreadable are chmod-ed through
+    the fd of what was opened, never by path."""
+    parent, name = os.path.split(os.path.normpath(path))
     try:
-        os.rmdir(path)  # the common case, an empty workdir, without importing shutil
-        return
+        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        pass
-    import shutil
+        return
+    try:
+        _remove_in(pfd, name)
+    except (OSError, RecursionError):
+        pass  # as much as could be removed: a tree deeper than the fd or recursion limits stays
+    finally:
+        os.close(pfd)
 
-    shutil.rmtree(path, onerror=onerror)
-    shutil.rmtree(path, ignore_errors=True)
+
+def _remove_in(dfd: int, name: str) -> None:
+    """Remove the entry `name` of the directory `dfd`, whatever it is."""
+    try:
+        os.unlink(name, dir_fd=dfd)  # a file, link, socket...: unlink never follows a link
+        return
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.EISDIR, errno.EPERM):
+            raise
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except PermissionError:  # made unreadable (chmod 0): open it without reading, fix it, reopen
+        pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.chmod(f"/proc/self/fd/{pfd}", 0o700)  # that very directory, through its fd
+        finally:
+            os.close(pfd)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        try:
+            names = os.listdir(fd)
+        except PermissionError:
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)
+            names = os.listdir(fd)
+        for entry in names:
+            try:
+                _remove_in(fd, entry)
+            except PermissionError:  # its directory is read-only to us: open it up, once
+                os.chmod(f"/proc/self/fd/{fd}", 0o700)
+                _remove_in(fd, entry)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dfd)
 
 
 _swept = False
@@ -350,7 +379,15 @@ def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int,
                              "or no cwd for a fresh one")
         # Not the directory's group, which could be shadow, disk or docker: the owner's
         # permissions are what writing there takes.
-        return c.uid, NOGROUP, c.uid, None
+        lease = None
+        if cgroups.caller_uid() == 0:
+            from .isolation import uids
+
+            if uids.in_range(c.uid):  # a per-run uid (an earlier run's file): hold it as runs do
+                lease = uids.hold(c.uid)
+                if lease is None:
+                    raise InputError(f"cwd: {c.path} belongs to uid {c.uid}, the uid of a run now running")
+        return c.uid, NOGROUP, c.uid, lease
     from .isolation.uids import allocate
 
     lease = allocate()

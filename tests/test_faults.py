@@ -538,3 +538,70 @@ def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> N
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+def test_removing_a_tree_never_reaches_outside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A fresh host workdir (nested) or a stale one in a shared /tmp can be changed while it is
+    # removed: a directory swapped for a link to elsewhere must not make us chmod or delete there.
+    from sandbox import supervisor
+
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    outside.chmod(0o755)
+    tree = tmp_path / "sandboxrun-1-x"
+    (tree / "d" / "e").mkdir(parents=True)
+    (tree / "d" / "e" / "f").write_text("x")
+    (tree / "d").chmod(0)
+    os.symlink(outside, tree / "link")
+    real_listdir = os.listdir
+    swapped: list[bool] = []
+
+    def listdir_then_swap(fd: Any) -> list[str]:
+        names = real_listdir(fd)
+        if not swapped:  # the top directory has just been listed: swap "d" for a link
+            os.rename(tree / "d", tmp_path / "d-moved")
+            os.symlink(outside, tree / "d")
+            swapped.append(True)
+        return names
+
+    monkeypatch.setattr(os, "listdir", listdir_then_swap)
+    supervisor.remove_tree(str(tree))
+    monkeypatch.undo()
+    assert swapped and not tree.exists()
+    assert outside.stat().st_mode & 0o777 == 0o755 and (outside / "keep").is_dir()
+    os.chmod(tmp_path / "d-moved", 0o700)
+
+
+def test_the_orphan_sweep_spares_held_uids_and_other_user_namespaces(private_tmp: Path) -> None:
+    # A uid whose lock a live supervisor holds (whatever range that one was given), and a
+    # process of another user namespace that maps to a uid of the range (a container's,
+    # from a subuid block), are not a dead run's: the sweep leaves them alone.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        pytest.skip("needs root, setpriv and unshare")
+    from conftest import marker
+
+    from sandbox.isolation import uids
+
+    base, count = uids.uid_range()
+    held_uid, foreign_uid = base + count - 2, base + count - 3
+    lease = uids.hold(held_uid)
+    assert lease is not None
+    mark = marker()
+    procs = [subprocess.Popen(["setpriv", f"--reuid={held_uid}", f"--regid={held_uid}", "--clear-groups", "bash",
+                               "-c", f"exec -a {mark} sleep 1000"], start_new_session=True),
+             subprocess.Popen(["setpriv", f"--reuid={foreign_uid}", f"--regid={foreign_uid}", "--clear-groups",
+                               "unshare", "--user", "bash", "-c", f"exec -a {mark} sleep 1000"],
+                              start_new_session=True)]
+    try:
+        wait_marked(mark, count=2)
+        p = subprocess.run([sys.executable, "-m", "sandbox", "--profile", "nested", "--", "true"], cwd=ROOT,
+                           env=env(SANDBOXRUN_CGROUP="none", TMPDIR=str(private_tmp),
+                                   SANDBOXRUN_UID_BASE=str(held_uid - 5), SANDBOXRUN_UID_COUNT="16"),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert [q.poll() for q in procs] == [None, None]
+    finally:
+        lease.release()
+        for q in procs:
+            q.kill()
+            q.wait()

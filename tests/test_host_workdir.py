@@ -179,6 +179,19 @@ def test_a_system_tree_mounted_elsewhere_is_still_refused(tmp_path: Path) -> Non
             sandbox.run(["true"], cwd=d)
     finally:
         umount2(str(d), 2)
+    # The host's root mounted elsewhere (a container's `-v /:/host`): what is under it is
+    # under the system trees too.
+    if subprocess.run(["mount", "--bind", "/", str(d)]).returncode != 0:
+        pytest.skip("cannot bind-mount / here")
+    try:
+        with pytest.raises(InputError, match="is /, mounted there"):
+            sandbox.run(["true"], cwd=d)
+        for inside, tree in (("etc/default", "/etc"), ("usr/share", "/usr")):
+            if (d / inside).is_dir():
+                with pytest.raises(InputError, match=f"is in {tree}, mounted there"):
+                    sandbox.run(["true"], cwd=d / inside)
+    finally:
+        umount2(str(d), 2)
 
 
 def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path) -> None:
@@ -201,3 +214,27 @@ def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path)
     # The real file, named as such, is the caller's choice.
     p = _cli("--stdin-file", str(secret), "--", "cat")
     assert p.returncode == 0 and p.stdout == "host-secret\n", p
+
+
+def test_nested_run_as_a_per_run_uid_holds_that_uids_lock(tmp_path: Path) -> None:
+    # A directory an earlier run made belongs to a per-run uid: a nested run in it runs as
+    # that uid, so it takes the uid's lock as any run does (and waits for no one: refused
+    # while another run holds it).
+    if os.geteuid() != 0:
+        pytest.skip("per-run uids are for root callers")
+    from sandbox.isolation import uids
+
+    base, count = uids.uid_range()
+    uid = base + count - 4
+    work = tmp_path / "w"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    lease = uids.hold(uid)
+    assert lease is not None
+    try:
+        with pytest.raises(InputError, match="the uid of a run now running"):
+            sandbox.run(["true"], profile="nested", cwd=work)
+    finally:
+        lease.release()
+    r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
+    assert r.status == "ok" and r.stdout == f"{uid}\n", r

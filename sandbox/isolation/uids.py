@@ -93,7 +93,7 @@ def allocate() -> Lease:
                 continue
             _in_use.add(uid)
         try:
-            fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, slot))
+            fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid))  # at the uid: any range agrees
             return Lease(uid, fd)
         except OSError:
             with _mutex:
@@ -113,6 +113,41 @@ def _uids_of(pid: str) -> tuple[int, ...]:
     return ()
 
 
+def hold(uid: int) -> Lease | None:
+    """The lock of this per-run uid, for a run that runs as it without allocating it (as
+    the owner of its workdir); None if a run holds it now."""
+    with _mutex:
+        if uid in _in_use:
+            return None
+        _in_use.add(uid)
+    fd = _open_lock_file()
+    try:
+        fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid))
+        return Lease(uid, fd)
+    except OSError:
+        os.close(fd)
+        with _mutex:
+            _in_use.discard(uid)
+        return None
+
+
+def in_range(uid: int) -> bool:
+    base, count = uid_range()
+    return base <= uid < base + count
+
+
+_OWN_USERNS = ""
+
+
+def _ours(pid: str) -> bool:
+    """In our user namespace: a container's process that maps to a uid of our range (a
+    subuid block) is someone else's, never a run of ours."""
+    global _OWN_USERNS
+    if not _OWN_USERNS:
+        _OWN_USERNS = os.readlink("/proc/self/ns/user")
+    return os.readlink(f"/proc/{pid}/ns/user") == _OWN_USERNS
+
+
 def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
     """SIGKILL every process running as `uid` (a run's own uid, never shared), until none is
     left; the number killed. For runs with neither a pid namespace nor a cgroup to kill
@@ -127,7 +162,7 @@ def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
             if not pid.isdigit():
                 continue
             try:
-                if uid not in _uids_of(pid):
+                if uid not in _uids_of(pid) or not _ours(pid):
                     continue
                 fd = os.pidfd_open(int(pid))
             except (OSError, ValueError):
@@ -170,7 +205,9 @@ def sweep_orphans() -> int:
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                found.update(u for u in _uids_of(pid) if base <= u < base + count)
+                uids = [u for u in _uids_of(pid) if base <= u < base + count]
+                if uids and _ours(pid):
+                    found.update(uids)
             except OSError:
                 pass
     swept = 0
@@ -180,7 +217,7 @@ def sweep_orphans() -> int:
                 continue
         fd = _open_lock_file()
         try:
-            fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid - base))
+            fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid))
         except OSError:
             os.close(fd)  # a live supervisor's run
             continue
