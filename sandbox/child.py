@@ -29,6 +29,7 @@ one line on the report pipe: "E <step> <errno> <message>".
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import signal
@@ -157,6 +158,8 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
                     idmapped = filesystem.build_view(plan.view, sub)
             except OSError as e:
                 raise StepError(f"filesystem:{sub[0]}", e.errno or 0, str(e)) from None
+            except ValueError as e:  # InputError: a bind source reached through a link since the check
+                raise StepError(f"filesystem:{sub[0]}", errno.EPERM, str(e)) from None
             fallback = plan.extra.get("fallback_ids")
             if plan.view.workdir_idmap is not None and not idmapped and fallback:
                 # No idmapped mount on this filesystem: run as the workdir's owner instead,
@@ -166,6 +169,12 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         else:
             mark("cwd")
             os.chdir(plan.cwd)
+            expected = plan.extra.get("cwd_id")
+            if expected:
+                st = os.stat(".")
+                if (st.st_dev, st.st_ino) != tuple(expected):
+                    raise StepError("cwd", errno.EXDEV, f"{plan.cwd} is no longer the directory that was checked "
+                                    "(a path component replaced since)")
         if plan.loopback:
             mark("network")
             from .isolation.network import loopback_up

@@ -172,3 +172,15 @@ def open_for_reading(given: object, what: str) -> int:
             raise InputError(f"{what}: {text}: {e.strerror}") from None
     finally:
         os.close(fd)
+
+
+def lstat_through_real_dirs(given: str, what: str) -> os.stat_result:
+    """lstat of `given` (absolute) whose directories are reached without a link: the last
+    component may be one (a view reproduces it as a link, as /bin -> usr/bin), none before it."""
+    text, path = _normalised(given, what)
+    parent, name = os.path.split(path)
+    fd = _walk(parent, text, what)
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+    finally:
+        os.close(fd)

@@ -658,6 +658,11 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 problem = bind_problem(m.target, profile.workdir)
                 if problem:
                     raise _error_for(src, key, spec)(problem)
+                from .hostpaths import lstat_through_real_dirs
+
+                # No planted link before its last component (the view checks again, and the
+                # child that it opened this very file): an InputError now, on every path.
+                lstat_through_real_dirs(m.source, f"{key} {m.source}")
             changes["mounts"] = (*changes.get("mounts", profile.mounts), *extra)
         elif key == "network":
             v = "none" if value == "loopback" else value

@@ -443,7 +443,12 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
     for m in prof.mounts:  # the caller's read-write binds: no link in the path, no system tree
         if m.writable:
             check_writable_bind(m.source, f"bind {m.source}")
-    rw = [inside, "/tmp", "/dev"] if view else [work.path, "/tmp", "/dev", "/dev/shm"]
+    if view is None and work.checked is not None:
+        # No mount namespace: the child chdirs to the caller's directory by path, checks that
+        # it is the directory checked here, and gives Landlock "." (not the path again).
+        extra["cwd_id"] = (work.checked.dev, work.checked.ino)
+    rw = [inside, "/tmp", "/dev"] if view else [
+        "." if work.checked is not None else work.path, "/tmp", "/dev", "/dev/shm"]
     rw += [m.target for m in prof.mounts if m.writable]
     bpf = b""
     if prof.seccomp != "off":

@@ -238,3 +238,74 @@ def test_nested_run_as_a_per_run_uid_holds_that_uids_lock(tmp_path: Path) -> Non
         lease.release()
     r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
     assert r.status == "ok" and r.stdout == f"{uid}\n", r
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_nested_child_checks_the_directory_it_enters(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     path: str) -> None:
+    # No mount namespace: the child enters the caller's directory by path. It must be the one
+    # checked (a concurrent run of the same owner could swap a component), and Landlock's
+    # write rule is that directory, ".", never the path resolved a second time.
+    if os.geteuid() != 0:
+        pytest.skip("a directory owned by another user needs a root caller")
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    work, other = tmp_path / "w", tmp_path / "other"
+    for d in (work, other):
+        d.mkdir()
+        os.chown(d, 4245, 4245)
+    os.chmod(tmp_path, 0o755)
+    r = sandbox.run(["sh", "-c", f"touch made && echo in; touch {other}/x 2>/dev/null || echo denied"],
+                    profile="nested", cwd=work)
+    assert r.status == "ok" and (work / "made").exists(), r
+    if r.isolation.landlock_abi:
+        assert r.stdout == "in\ndenied\n" and not (other / "x").exists(), r
+    real = hostpaths.check_writable_dir
+
+    def swapped(given: object, what: str) -> hostpaths.CheckedDir:
+        checked = real(given, what)
+        checked.ino += 1
+        return checked
+
+    monkeypatch.setattr(supervisor, "check_writable_dir", swapped)
+    r = sandbox.run(["sh", "-c", "echo ran"], profile="nested", cwd=work)
+    assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             path: str) -> None:
+    # A link planted before a bind source's last component would pick what is bound; and
+    # the child checks that it opened the very file the supervisor looked at.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "data").write_text("not for the run\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.symlink(tmp_path / "private", ws / "build")
+    with pytest.raises(InputError, match="is a symbolic link"):
+        sandbox.run(["cat", "/data"], ro_bind=f"{ws / 'build' / 'data'}:/data")
+    assert sandbox.run(["cat", "/data"], ro_bind=f"{tmp_path / 'private' / 'data'}:/data").stdout == \
+        "not for the run\n"
+    # Swapped between the look and the child's open: the child's identity check refuses it.
+    if path == "native":  # the stage's view is compiled here, in this process
+        (tmp_path / "private" / "other").write_text("x\n")
+        real = hostpaths.lstat_through_real_dirs
+
+        def other_file(given: str, what: str) -> os.stat_result:
+            st = real(given, what)
+            if given.endswith("/other"):
+                return os.stat_result((st.st_mode, st.st_ino + 1, *tuple(st)[2:]))
+            return st
+
+        monkeypatch.setattr(hostpaths, "lstat_through_real_dirs", other_file)
+        r = sandbox.run(["cat", "/data"], ro_bind=f"{tmp_path / 'private' / 'other'}:/data")
+        assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
+    else:  # the Python child runs the same operations (filesystem.apply)
+        from sandbox.isolation import filesystem
+
+        st = os.stat(tmp_path / "private" / "data")
+        view = filesystem.ViewOps()
+        view.op("o", 0, str(tmp_path / "private" / "data"), 0)
+        view.op("V", 0, str(tmp_path / "private" / "data"), st.st_dev, st.st_ino + 1)
+        with pytest.raises(OSError, match="no longer the directory that was checked"):
+            filesystem.apply(view, [""])

@@ -170,18 +170,29 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
     symlinks (merged /usr: /bin -> usr/bin) is read here, in the host's mount tree."""
     p.sub("mount:open-sources")
     opened: list[tuple[int | str, BindSpec, bool]] = []  # (slot or symlink text, spec, is_dir)
+    from ..errors import InputError
+    from ..hostpaths import lstat_through_real_dirs
+
     for b in spec.binds:
         try:
-            st: os.stat_result | None = os.lstat(b.source)
+            # No link before the last component (one planted in a workspace would pick the
+            # source); the child then checks it opened this very file (device, inode).
+            st: os.stat_result | None = lstat_through_real_dirs(b.source, f"bind source {b.source}")
             if stat.S_ISLNK(st.st_mode):  # type: ignore[union-attr]
                 opened.append((os.readlink(b.source), b, False))
                 continue
+        except InputError as e:
+            if b.optional and "no such" in str(e):
+                continue
+            raise
         except OSError as e:
             if isinstance(e, FileNotFoundError) and b.optional:
                 continue
             st = None  # the open below reports the error, at this step
         k = p.slot()
         p.op("o", k, b.source, 0)
+        if st is not None:
+            p.op("V", k, b.source, st.st_dev, st.st_ino)
         opened.append((k, b, bool(st and stat.S_ISDIR(st.st_mode))))
     devices = []
     for name in DEVICES:

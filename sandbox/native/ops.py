@@ -144,6 +144,8 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
     else:
         p.step("cwd")
         p.op("c", plan.cwd)
+        if plan.extra.get("cwd_id"):
+            p.op("C", plan.cwd, *plan.extra["cwd_id"])
     if plan.loopback:
         p.step("network")
         if netns:

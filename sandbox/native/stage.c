@@ -604,6 +604,15 @@ static void run(void) {
         case 'u': CHECK(unshare(num(&op, 0)), "unshare"); break;
         case 'e': CHECK(setns(num(&op, 0), num(&op, 1)), "setns"); break;
         case 'c': CHECK(chdir(a0), "chdir '%s'", a0); break;
+        case 'C': {  /* the directory we are in must be the one the supervisor checked (device, inode) */
+            struct stat st;
+            CHECK(stat(".", &st), "stat '%s'", a0);
+            if ((uint64_t)st.st_dev != strtoull(a1, NULL, 10) || (uint64_t)st.st_ino != strtoull(op.a[2].s, NULL, 10)) {
+                errno = EXDEV;
+                CHECK(-1, "%s is no longer the directory that was checked (a path component replaced since)", a0);
+            }
+            break;
+        }
         case 'm':
             CHECK(mount(str_or_null(&op, 0), a1, str_or_null(&op, 2), num(&op, 3), str_or_null(&op, 4)),
                   "mount %s", a1);
