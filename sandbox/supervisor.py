@@ -517,6 +517,7 @@ def execute(req: Request) -> Result:
     work: _Workdir | None = None
     lease = None
     plan_pid_namespace = True
+    shares_host_dirs = False  # no mount namespace: the run writes the host's /tmp
     opened: list[int] = []
     try:
         work = _Workdir(req.cwd, in_memory=prof.view == "private")
@@ -525,6 +526,7 @@ def execute(req: Request) -> Result:
             os.chown(work.path, uid, gid)
         plan = make_plan(req, work, uid, gid)
         plan_pid_namespace = plan.pid_namespace
+        shares_host_dirs = plan.view is None
         forker = _forker(plan)
         if prof.cgroup != "off":
             # PID 1 reaps every process of its namespace and we reap PID 1: wait4 then
@@ -646,6 +648,11 @@ def execute(req: Request) -> Result:
                 from .isolation.uids import kill_processes_of
 
                 kill_processes_of(lease.uid)
+            if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
+                from .isolation import leftovers
+
+                leftovers.remove_files_of(lease.uid)
+                leftovers.remove_ipc_of(lease.uid)
             lease.release()
         if work is not None:
             work.cleanup()

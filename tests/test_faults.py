@@ -605,3 +605,26 @@ def test_the_orphan_sweep_spares_held_uids_and_other_user_namespaces(private_tmp
         for q in procs:
             q.kill()
             q.wait()
+
+
+def test_nested_run_leaves_nothing_in_the_hosts_shared_places() -> None:
+    # Without mount and IPC namespaces a run writes the host's /tmp, /dev/shm and makes SysV
+    # objects there: by its uid they are found and removed, so the next run that gets the
+    # uid (a process reuses its uid) finds nothing of this one's.
+    if os.geteuid() != 0:
+        pytest.skip("per-run host uids are allocated for root callers")
+    mark = "sbxleft" + os.urandom(3).hex()
+    code = (f"import os, sys, ctypes; open('/dev/shm/{mark}', 'w').write('x'); "
+            f"os.makedirs('/tmp/{mark}/d'); open('/tmp/{mark}/d/f', 'w').write('secret'); "
+            "libc = ctypes.CDLL(None); print(libc.shmget(0, 4096, 0o1600) >= 0)")
+    try:
+        r = sandbox.run(["python3", "-c", code], profile="nested")
+        assert r.status == "ok" and r.stdout == "True\n", r
+        assert not os.path.exists(f"/dev/shm/{mark}") and not os.path.exists(f"/tmp/{mark}")
+    finally:
+        shutil.rmtree(f"/tmp/{mark}", ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{mark}")
+    uid = r.isolation.host_uid
+    with open("/proc/sysvipc/shm") as f:
+        assert not any(line.split()[7] == str(uid) for line in f.read().splitlines()[1:]), "a SysV segment is left"
