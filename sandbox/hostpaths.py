@@ -130,6 +130,76 @@ def _mounted_tree_problem(path: str, seen: list[tuple[int, int]]) -> str | None:
     return None
 
 
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _mounts() -> dict[int, tuple[str, str, str]]:
+    """mount id -> (device "major:minor", root within its filesystem, mount point)."""
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" - ", 1)[0].split()
+            out[int(fields[0])] = (fields[2], _unescape(fields[3]), _unescape(fields[4]))
+    return out
+
+
+def _fs_location(fd: int, path: str, mounts: dict[int, tuple[str, str, str]]) -> tuple[str, str] | None:
+    """(device, path within its filesystem) of the file open at `fd`, reached as `path`: where
+    a bind mount really shows (`mount --bind /usr/local /srv/x`: /srv/x/bin is /usr/local/bin)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            mnt_id = next(int(line.split()[1]) for line in f if line.startswith("mnt_id:"))
+        dev, root, point = mounts[mnt_id]
+    except (OSError, StopIteration, KeyError, ValueError):
+        return None
+    if point != "/" and path != point and not path.startswith(point + "/"):
+        return None
+    rel = path[len(point):] if point != "/" else path
+    return dev, os.path.normpath(f"{root}/{rel}").replace("//", "/")
+
+
+_TREE_LOCATIONS: list[tuple[str, str, str]] = []
+
+
+def _tree_locations(mounts: dict[int, tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """(name, device, path within its filesystem) of `/` and every system and shared tree."""
+    if not _TREE_LOCATIONS:
+        for t in ("/", *SYSTEM_TREES, *SHARED_TREES):
+            try:
+                real = os.path.realpath(t)
+                fd = os.open(real, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                loc = _fs_location(fd, real, mounts)
+            finally:
+                os.close(fd)
+            if loc is not None:
+                _TREE_LOCATIONS.append((t, *loc))
+    return _TREE_LOCATIONS
+
+
+def _bound_tree_problem(fd: int, path: str) -> str | None:
+    """The path rules once more, on where `path` really is in its filesystem: a part of a
+    system tree bind-mounted elsewhere is still in that tree."""
+    mounts = _mounts()
+    loc = _fs_location(fd, path, mounts)
+    if loc is None:
+        return None
+    dev, fs_path = loc
+    for name, tdev, tpath in _tree_locations(mounts):
+        if tdev != dev:
+            continue
+        if fs_path == tpath and name not in SYSTEM_TREES:
+            return f"{path} is {name}, mounted there"
+        if name in SYSTEM_TREES and (fs_path == tpath or fs_path.startswith(tpath.rstrip("/") + "/")):
+            return f"{path} is in {name}, mounted there"
+        if tpath.startswith(fs_path.rstrip("/") + "/"):
+            return f"{path} contains {name}, mounted there"
+    return None
+
+
 def check_writable_dir(given: object, what: str) -> CheckedDir:
     """Check a host directory that a run gets read-write; raise InputError naming `what`."""
     text, path = _normalised(given, what)
@@ -137,11 +207,11 @@ def check_writable_dir(given: object, what: str) -> CheckedDir:
     fd = _walk(path, text, what, seen=seen)
     try:
         st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{what}: not a directory: {text}")
+        problem = system_tree_problem(path) or _mounted_tree_problem(path, seen) or _bound_tree_problem(fd, path)
     finally:
         os.close(fd)
-    if not stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{what}: not a directory: {text}")
-    problem = system_tree_problem(path) or _mounted_tree_problem(path, seen)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be the sandbox's writable directory")
     return CheckedDir(path, st)
@@ -152,8 +222,11 @@ def check_writable_bind(given: object, what: str) -> None:
     (nor holds) a system tree."""
     text, path = _normalised(given, what)
     seen: list[tuple[int, int]] = []
-    os.close(_walk(path, text, what, "file or directory", seen=seen))
-    problem = system_tree_problem(path) or _mounted_tree_problem(path, seen)
+    fd = _walk(path, text, what, "file or directory", seen=seen)
+    try:
+        problem = system_tree_problem(path) or _mounted_tree_problem(path, seen) or _bound_tree_problem(fd, path)
+    finally:
+        os.close(fd)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be bound read-write")
 
@@ -179,8 +252,12 @@ def lstat_through_real_dirs(given: str, what: str) -> os.stat_result:
     component may be one (a view reproduces it as a link, as /bin -> usr/bin), none before it."""
     text, path = _normalised(given, what)
     parent, name = os.path.split(path)
-    fd = _walk(parent, text, what)
+    fd = _walk(parent, text, what, "file or directory")
     try:
         return os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+    except FileNotFoundError:
+        raise InputError(f"{what}: no such file or directory: {text}") from None
+    except OSError as e:
+        raise InputError(f"{what}: {text}: {e.strerror}") from None
     finally:
         os.close(fd)

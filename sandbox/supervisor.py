@@ -648,7 +648,7 @@ def execute(req: Request) -> Result:
                 from .isolation.uids import kill_processes_of
 
                 kill_processes_of(lease.uid)
-            if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
+            if shares_host_dirs and not lease.owner:  # what it left in the host's /tmp, /dev/shm, IPC
                 from .isolation import leftovers
 
                 leftovers.remove_files_of(lease.uid)

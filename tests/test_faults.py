@@ -616,10 +616,14 @@ def test_nested_run_leaves_nothing_in_the_hosts_shared_places() -> None:
     mark = "sbxleft" + os.urandom(3).hex()
     code = (f"import os, sys, ctypes; open('/dev/shm/{mark}', 'w').write('x'); "
             f"os.makedirs('/tmp/{mark}/d'); open('/tmp/{mark}/d/f', 'w').write('secret'); "
-            "libc = ctypes.CDLL(None); print(libc.shmget(0, 4096, 0o1600) >= 0)")
+            "libc = ctypes.CDLL(None); print(libc.shmget(0, 4096, 0o1600) >= 0); "
+            # one given away (IPC_SET to nobody): its creator is still the run
+            "i = libc.shmget(0, 4096, 0o1666); buf = ctypes.create_string_buffer(256); "
+            "libc.shmctl(i, 2, buf); ctypes.c_uint32.from_buffer(buf, 4).value = 65534; "
+            "print(libc.shmctl(i, 1, buf) == 0)")
     try:
         r = sandbox.run(["python3", "-c", code], profile="nested")
-        assert r.status == "ok" and r.stdout == "True\n", r
+        assert r.status == "ok" and r.stdout == "True\nTrue\n", r
         assert not os.path.exists(f"/dev/shm/{mark}") and not os.path.exists(f"/tmp/{mark}")
     finally:
         shutil.rmtree(f"/tmp/{mark}", ignore_errors=True)
@@ -627,4 +631,5 @@ def test_nested_run_leaves_nothing_in_the_hosts_shared_places() -> None:
             os.unlink(f"/dev/shm/{mark}")
     uid = r.isolation.host_uid
     with open("/proc/sysvipc/shm") as f:
-        assert not any(line.split()[7] == str(uid) for line in f.read().splitlines()[1:]), "a SysV segment is left"
+        left = [line for line in f.read().splitlines()[1:] if str(uid) in (line.split()[7], line.split()[9])]
+    assert not left, f"SysV segments left: {left}"

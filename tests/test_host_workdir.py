@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -192,6 +193,18 @@ def test_a_system_tree_mounted_elsewhere_is_still_refused(tmp_path: Path) -> Non
                     sandbox.run(["true"], cwd=d / inside)
     finally:
         umount2(str(d), 2)
+    # A part of a system tree mounted elsewhere: where it is in its filesystem says so.
+    if subprocess.run(["mount", "--bind", "/usr/share", str(d)]).returncode != 0:
+        pytest.skip("cannot bind-mount /usr/share here")
+    try:
+        sub = next(p for p in d.iterdir() if p.is_dir() and not p.is_symlink())
+        for target in (d, sub):
+            with pytest.raises(InputError, match="is in /usr, mounted there"):
+                sandbox.run(["true"], cwd=target)
+            with pytest.raises(InputError, match="is in /usr, mounted there"):
+                sandbox.run(["true"], bind=f"{target}:/data")
+    finally:
+        umount2(str(d), 2)
 
 
 def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path) -> None:
@@ -238,6 +251,15 @@ def test_nested_run_as_a_per_run_uid_holds_that_uids_lock(tmp_path: Path) -> Non
         lease.release()
     r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
     assert r.status == "ok" and r.stdout == f"{uid}\n", r
+    # Such a directory straight in /tmp is the owner's, not a run's leftover: it stays.
+    top = Path(f"/tmp/sbxowned{os.urandom(3).hex()}")
+    top.mkdir()
+    try:
+        os.chown(top, uid, uid)
+        r = sandbox.run(["sh", "-c", "echo out > result"], profile="nested", cwd=top)
+        assert r.status == "ok" and (top / "result").read_text() == "out\n", r
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.mark.parametrize("path", PATHS)

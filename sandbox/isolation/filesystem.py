@@ -177,23 +177,20 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
         try:
             # No link before the last component (one planted in a workspace would pick the
             # source); the child then checks it opened this very file (device, inode).
-            st: os.stat_result | None = lstat_through_real_dirs(b.source, f"bind source {b.source}")
-            if stat.S_ISLNK(st.st_mode):  # type: ignore[union-attr]
+            st = lstat_through_real_dirs(b.source, f"bind source {b.source}")
+            if stat.S_ISLNK(st.st_mode):
                 opened.append((os.readlink(b.source), b, False))
                 continue
-        except InputError as e:
-            if b.optional and "no such" in str(e):
+        except InputError as e:  # gone, or a link, since the profile was checked: a setup failure
+            missing = "no such" in str(e)
+            if b.optional and missing:
                 continue
-            raise
-        except OSError as e:
-            if isinstance(e, FileNotFoundError) and b.optional:
-                continue
-            st = None  # the open below reports the error, at this step
+            # never a source opened unchecked: it could be reached through a link by then
+            raise OSError(errno.ENOENT if missing else errno.ELOOP, str(e)) from None
         k = p.slot()
         p.op("o", k, b.source, 0)
-        if st is not None:
-            p.op("V", k, b.source, st.st_dev, st.st_ino)
-        opened.append((k, b, bool(st and stat.S_ISDIR(st.st_mode))))
+        p.op("V", k, b.source, st.st_dev, st.st_ino)
+        opened.append((k, b, stat.S_ISDIR(st.st_mode)))
     devices = []
     for name in DEVICES:
         k = p.slot()

@@ -47,8 +47,14 @@ def _ipc_ids(kind: str, uid: int) -> list[int]:
         return []
     names = header.split()
     id_col = names.index({"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind])
-    uid_col = names.index("uid")
-    return [int(r.split()[id_col]) for r in rows if r.split() and int(r.split()[uid_col]) == uid]
+    # the owner, or the creator: IPC_SET can give an object away, never its creator uid
+    uid_cols = (names.index("uid"), names.index("cuid"))
+    ids = []
+    for r in rows:
+        f = r.split()
+        if f and any(int(f[c]) == uid for c in uid_cols):
+            ids.append(int(f[id_col]))
+    return ids
 
 
 def remove_ipc_of(uid: int) -> int:

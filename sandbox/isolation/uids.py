@@ -59,8 +59,10 @@ def _flock(kind: int, offset: int) -> bytes:
 
 
 class Lease:
-    def __init__(self, uid: int, fd: int) -> None:
-        self.uid, self._fd = uid, fd
+    def __init__(self, uid: int, fd: int, *, owner: bool = False) -> None:
+        # owner: held for a run that runs as its workdir's owner (hold()): what that uid
+        # owns is the directory's, not only the run's
+        self.uid, self._fd, self.owner = uid, fd, owner
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -123,7 +125,7 @@ def hold(uid: int) -> Lease | None:
     fd = _open_lock_file()
     try:
         fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid))
-        return Lease(uid, fd)
+        return Lease(uid, fd, owner=True)
     except OSError:
         os.close(fd)
         with _mutex:

@@ -137,12 +137,15 @@ class NativeForker:
         path = stage_path()
         if path is None or plan.view is None:
             return -1
+        try:
+            program = ops.template_program(plan.view)
+        except OSError:
+            return -1  # (a bind source gone or swapped: the full build reports it, at its step)
         hold_r, hold_w = os.pipe2(os.O_CLOEXEC)
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         try:
-            pid = _spawn_stage(path, "sandboxrun-template", ops.template_program(plan.view),
-                               {0: hold_r, 1: null, 2: null, 4: rep_w})
+            pid = _spawn_stage(path, "sandboxrun-template", program, {0: hold_r, 1: null, 2: null, 4: rep_w})
         except ForkError:
             os.close(hold_w)
             os.close(rep_r)
@@ -167,8 +170,11 @@ class NativeForker:
             raise ForkError("stage", 0, "the native stage is unavailable")
         template = self._template_for(plan)
         tasks = len(fds.cgroup) if fds.cgroup_tasks else 0
-        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
-                                   netns=fds.netns >= 0 and plan.loopback)
+        try:
+            program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
+                                       netns=fds.netns >= 0 and plan.loopback)
+        except OSError as e:  # a bind source gone or reached through a link since the checks
+            raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
         if fds.netns >= 0 and plan.loopback:
             where[ops.NETNS_FD] = fds.netns
