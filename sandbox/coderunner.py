@@ -308,7 +308,7 @@ def main(argv: list[str]) -> int:
     g.add_argument("--function", "-f", metavar="NAME", help="import SCRIPT and call NAME(*ARGS)")
     g.add_argument("--statement", "-s", metavar="EXPR", help="run EXPR in SCRIPT's namespace, print its value")
     p.add_argument("script", metavar="SCRIPT", help="the Python file (made visible read-only)")
-    p.add_argument("args", nargs="*", metavar="ARGS", help="arguments (after -- when they start with '-')")
+    p.add_argument("args", nargs="*", default=[], metavar="ARGS", help="arguments (after -- when they start with '-')")
     head, sep, tail = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, False, [])
     ns = p.parse_intermixed_args(head)

@@ -567,7 +567,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             check_pattern(pattern, err_for(f"filter.{key}", pattern))
     hostname = proc.get("hostname", "sandbox")
     if not hostname or len(hostname.encode()) > 64 or "/" in hostname:
-        raise ProfileError("expected 1-64 characters without '/'", source=source,
+        raise ProfileError("expected 1-64 bytes without '/'", source=source,
                            key="process.hostname", value=hostname)
     if view == "private" and not any(not m.writable for m in mounts):
         raise ProfileError("profile binds nothing read-only, so its sandbox has no /usr and no command can run: "
