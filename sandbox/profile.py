@@ -9,6 +9,7 @@ parent's, scalars replace. Every error names the file, the key and the value.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from . import record as records
@@ -662,7 +663,10 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
 
                 # No planted link before its last component (the view checks again, and the
                 # child that it opened this very file): an InputError now, on every path.
-                lstat_through_real_dirs(m.source, f"{key} {m.source}")
+                if stat.S_ISLNK(lstat_through_real_dirs(m.source, f"{key} {m.source}").st_mode):
+                    # A profile's own links are reproduced in the view (/bin -> usr/bin); a
+                    # caller's could be one a run planted, pointing anywhere on the host.
+                    raise _error_for(src, key, spec)(f"{m.source} is a symbolic link: give the real path")
             changes["mounts"] = (*changes.get("mounts", profile.mounts), *extra)
         elif key == "network":
             v = "none" if value == "loopback" else value

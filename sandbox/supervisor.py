@@ -373,25 +373,28 @@ def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int,
         # No mount namespace: run as the directory's owner so it stays writable; never as
         # root, who owns the host's files (Landlock does not cover chmod or chown).
         c = work.checked
-        if c.uid == 0:
-            raise InputError(f"cwd: {c.path} belongs to root; profile {prof.name!r} runs the command as its "
-                             "workdir's owner, never as root: give it a directory owned by an unprivileged user, "
-                             "or no cwd for a fresh one")
+        owner = _unfit_owner(c.uid)
+        if owner:
+            raise InputError(f"cwd: {c.path} belongs to {owner}; profile {prof.name!r} runs the command as its "
+                             "workdir's owner: give it a directory owned by an unprivileged user, or no cwd for a "
+                             "fresh one")
         # Not the directory's group, which could be shadow, disk or docker: the owner's
         # permissions are what writing there takes.
-        lease = None
-        if cgroups.caller_uid() == 0:
-            from .isolation import uids
-
-            if uids.in_range(c.uid):  # a per-run uid (an earlier run's file): hold it as runs do
-                lease = uids.hold(c.uid)
-                if lease is None:
-                    raise InputError(f"cwd: {c.path} belongs to uid {c.uid}, the uid of a run now running")
-        return c.uid, NOGROUP, c.uid, lease
+        return c.uid, NOGROUP, c.uid, None
     from .isolation.uids import allocate
 
     lease = allocate()
     return lease.uid, lease.uid, lease.uid, lease
+
+
+def _unfit_owner(uid: int) -> str | None:
+    """Why a run may not run as this directory owner: root owns the host's files; a per-run
+    uid (the directory is an earlier run's) would be shared with whichever run gets it next."""
+    if uid == 0:
+        return "root"
+    if not _rootless() and _run_uid(uid):
+        return f"uid {uid}, a per-run uid (an earlier run made it)"
+    return None
 
 
 def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
@@ -412,7 +415,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
         # unless that is root: then it does not run.
         c = work.checked
         idmap = (c.uid, uid, c.gid, gid)
-        if c.uid != 0:
+        if not _unfit_owner(c.uid):
             extra["fallback_ids"] = (c.uid, NOGROUP)  # the owner, but never the directory's group
     if "SANDBOXRUN_FAIL_STEP" in os.environ:
         extra["fail_step"] = os.environ["SANDBOXRUN_FAIL_STEP"]
@@ -648,7 +651,7 @@ def execute(req: Request) -> Result:
                 from .isolation.uids import kill_processes_of
 
                 kill_processes_of(lease.uid)
-            if shares_host_dirs and not lease.owner:  # what it left in the host's /tmp, /dev/shm, IPC
+            if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
                 from .isolation import leftovers
 
                 leftovers.remove_files_of(lease.uid)

@@ -584,8 +584,10 @@ def test_the_orphan_sweep_spares_held_uids_and_other_user_namespaces(private_tmp
 
     base, count = uids.uid_range()
     held_uid, foreign_uid = base + count - 2, base + count - 3
-    lease = uids.hold(held_uid)
-    assert lease is not None
+    import fcntl
+
+    lock = uids._open_lock_file()  # as another supervisor's run holding that uid
+    fcntl.fcntl(lock, uids._F_OFD_SETLK, uids._flock(fcntl.F_WRLCK, held_uid))
     mark = marker()
     procs = [subprocess.Popen(["setpriv", f"--reuid={held_uid}", f"--regid={held_uid}", "--clear-groups", "bash",
                                "-c", f"exec -a {mark} sleep 1000"], start_new_session=True),
@@ -601,7 +603,7 @@ def test_the_orphan_sweep_spares_held_uids_and_other_user_namespaces(private_tmp
         assert p.returncode == 0, p.stderr
         assert [q.poll() for q in procs] == [None, None]
     finally:
-        lease.release()
+        os.close(lock)
         for q in procs:
             q.kill()
             q.wait()

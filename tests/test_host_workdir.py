@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from conftest import ROOT
 
 import sandbox
 from sandbox import hostpaths, supervisor
-from sandbox.errors import InputError
+from sandbox.errors import InputError, SandboxError
 from sandbox.isolation.syscalls import umount2
 
 pytestmark = pytest.mark.usefixtures("isolated")
@@ -122,6 +121,14 @@ def test_root_owned_workdir_without_idmap_never_runs_as_root(monkeypatch: pytest
     r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
     assert r.status == "ok" and r.stdout == "4242\n" and r.isolation.uid == 4242, r
     assert (ramfs / "made").stat().st_uid == 4242
+    # Nor as a per-run uid (the directory is an earlier run's).
+    from sandbox.isolation import uids
+
+    base, count = uids.uid_range()
+    os.chown(ramfs, base + count - 5, base + count - 5)
+    r = sandbox.run(["true"], cwd=ramfs)
+    assert r.status == "setup_error" and "per-run uid" in (r.error or ""), r
+    os.chown(ramfs, 4242, 4242)
     # As the owner, never in the directory's group (shadow, disk, docker...): nogroup.
     os.chown(ramfs, 4242, 42)
     r = sandbox.run(["sh", "-c", "id -u; id -g; id -G"], cwd=ramfs)
@@ -133,7 +140,7 @@ def test_nested_profile_never_runs_as_the_root_owner_of_its_workdir(tmp_path: Pa
         pytest.skip("a root-owned directory needs a root caller")
     work = tmp_path / "w"
     work.mkdir()
-    with pytest.raises(InputError, match="never as root"):
+    with pytest.raises(InputError, match="belongs to root"):
         sandbox.run(["id", "-u"], profile="nested", cwd=work)
     os.chown(work, 4243, 42)  # a group such as shadow: not the run's
     r = sandbox.run(["sh", "-c", "id -u; id -G"], profile="nested", cwd=work)
@@ -217,7 +224,7 @@ def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path)
     os.symlink(tmp_path, ws / "build")
     p = _cli("--stdin-file", str(ws / "input.txt"), "--", "cat")
     assert p.returncode == 2 and "symbolic link" in p.stderr and "host-secret" not in p.stdout, p
-    with pytest.raises(InputError, match="symbolic link"):
+    with pytest.raises(SandboxError, match="symbolic link"):
         sandbox.run(["true"], bind=f"{ws / 'build'}:/data")
     for src in ("/etc", "/"):
         with pytest.raises(InputError, match="cannot be bound read-write"):
@@ -229,37 +236,19 @@ def test_files_and_binds_from_the_host_are_reached_without_links(tmp_path: Path)
     assert p.returncode == 0 and p.stdout == "host-secret\n", p
 
 
-def test_nested_run_as_a_per_run_uid_holds_that_uids_lock(tmp_path: Path) -> None:
-    # A directory an earlier run made belongs to a per-run uid: a nested run in it runs as
-    # that uid, so it takes the uid's lock as any run does (and waits for no one: refused
-    # while another run holds it).
+def test_a_directory_of_a_per_run_uid_is_no_ones_to_run_as(tmp_path: Path) -> None:
+    # A directory an earlier run made belongs to a per-run uid: a run as its owner would
+    # share that uid with whichever run gets it next (its processes, its leftovers).
     if os.geteuid() != 0:
         pytest.skip("per-run uids are for root callers")
     from sandbox.isolation import uids
 
     base, count = uids.uid_range()
-    uid = base + count - 4
     work = tmp_path / "w"
     work.mkdir()
-    os.chown(work, uid, uid)
-    lease = uids.hold(uid)
-    assert lease is not None
-    try:
-        with pytest.raises(InputError, match="the uid of a run now running"):
-            sandbox.run(["true"], profile="nested", cwd=work)
-    finally:
-        lease.release()
-    r = sandbox.run(["id", "-u"], profile="nested", cwd=work)
-    assert r.status == "ok" and r.stdout == f"{uid}\n", r
-    # Such a directory straight in /tmp is the owner's, not a run's leftover: it stays.
-    top = Path(f"/tmp/sbxowned{os.urandom(3).hex()}")
-    top.mkdir()
-    try:
-        os.chown(top, uid, uid)
-        r = sandbox.run(["sh", "-c", "echo out > result"], profile="nested", cwd=top)
-        assert r.status == "ok" and (top / "result").read_text() == "out\n", r
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    os.chown(work, base + count - 4, base + count - 4)
+    with pytest.raises(InputError, match="a per-run uid"):
+        sandbox.run(["true"], profile="nested", cwd=work)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -331,3 +320,25 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
         view.op("V", 0, str(tmp_path / "private" / "data"), st.st_dev, st.st_ino + 1)
         with pytest.raises(OSError, match="no longer the directory that was checked"):
             filesystem.apply(view, [""])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_link_in_the_view_is_made_after_every_bind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     path: str) -> None:
+    # A profile's bind source that is a link is reproduced as a link in the view; until
+    # pivot_root it resolves on the host, so a bind target below it would make its mount
+    # point there. Links come last: the host directory it points at is never written.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    os.symlink(host_dir, tmp_path / "tools")
+    (tmp_path / "l2").write_text("bound\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'extends = "strict"\n[filesystem]\nro_bind_try = ["{tmp_path}/tools:/opt/tools", '
+                    f'"{tmp_path}/l2:/opt/tools/x"]\n')
+    r = sandbox.run(["cat", "/opt/tools/x"], profile=str(prof))
+    assert r.status == "ok" and r.stdout == "bound\n", r
+    assert list(host_dir.iterdir()) == [], "a mount point was made on the host"
+    # A caller's bind source may not be a link at all: it could be one a run planted.
+    with pytest.raises(SandboxError, match="is a symbolic link"):
+        sandbox.run(["true"], ro_bind=f"{tmp_path / 'tools'}:/opt/tools")

@@ -62,10 +62,10 @@ PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # cmdline and config.gz: the host's boot arguments and build say more than a run needs (and
 # a VM's kernel command line can name its control ports)
 PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline", "config.gz")
-# The workdir cannot be idmapped here and belongs to root: running as its owner would be
-# running as host uid 0, which owns the host's files even without capabilities.
-NO_ROOT_FALLBACK = ("cannot idmap {} on this filesystem, and it belongs to root: the command would run as "
-                    "host uid 0; give the directory to an unprivileged owner")
+# The workdir cannot be idmapped here and belongs to root (who owns the host's files even
+# without capabilities) or to a per-run uid (which the next run to get it would share).
+NO_ROOT_FALLBACK = ("cannot idmap {} on this filesystem, and it belongs to root or to a per-run uid: the "
+                    "command would run as host uid 0 or as another run; give the directory to an unprivileged owner")
 
 
 @record(frozen=True)
@@ -209,12 +209,16 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     if spec.workdir_fixed:
         p.op("K", root + spec.workdir, 1)
     p.sub("mount:binds")
-    for src, b, is_dir in sorted(opened, key=lambda x: x[1].target.count("/")):
-        target = root + b.target
-        if isinstance(src, str):  # merged-/usr symlinks such as /bin -> usr/bin
-            p.op("l", src, target, 1)
-        else:
-            p.op("b", src, target, b.writable, 0, is_dir)
+    ordered = sorted(opened, key=lambda x: x[1].target.count("/"))
+    for src, b, is_dir in ordered:
+        if not isinstance(src, str):
+            p.op("b", src, root + b.target, b.writable, 0, is_dir)
+    # Then the sources that are links (merged /usr: /bin -> usr/bin), reproduced as links:
+    # last, because until pivot_root a link in the new root resolves on the host, and a
+    # mount point made below one would be made there.
+    for src, b, _ in ordered:
+        if isinstance(src, str):
+            p.op("l", src, root + b.target, 1)
     p.sub("mount:dev")
     dev = f"{root}/dev"
     p.mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")

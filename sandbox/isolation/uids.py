@@ -59,10 +59,8 @@ def _flock(kind: int, offset: int) -> bytes:
 
 
 class Lease:
-    def __init__(self, uid: int, fd: int, *, owner: bool = False) -> None:
-        # owner: held for a run that runs as its workdir's owner (hold()): what that uid
-        # owns is the directory's, not only the run's
-        self.uid, self._fd, self.owner = uid, fd, owner
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid, self._fd = uid, fd
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -113,24 +111,6 @@ def _uids_of(pid: str) -> tuple[int, ...]:
             if line.startswith(b"Uid:"):
                 return tuple(int(x) for x in line.split()[1:])
     return ()
-
-
-def hold(uid: int) -> Lease | None:
-    """The lock of this per-run uid, for a run that runs as it without allocating it (as
-    the owner of its workdir); None if a run holds it now."""
-    with _mutex:
-        if uid in _in_use:
-            return None
-        _in_use.add(uid)
-    fd = _open_lock_file()
-    try:
-        fcntl.fcntl(fd, _F_OFD_SETLK, _flock(fcntl.F_WRLCK, uid))
-        return Lease(uid, fd, owner=True)
-    except OSError:
-        os.close(fd)
-        with _mutex:
-            _in_use.discard(uid)
-        return None
 
 
 def in_range(uid: int) -> bool:

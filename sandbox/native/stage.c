@@ -672,10 +672,11 @@ static void run(void) {
                 why = errno;
                 close(userns);
             }
-            if (!ok && !num(&op, 6)) {  /* the owner is root: never run as host uid 0 */
+            if (!ok && !num(&op, 6)) {  /* the owner is root or a per-run uid: never run as either */
                 errno = EPERM;
-                CHECK(-1, "cannot idmap %s on this filesystem (%s), and it belongs to root: the command would run "
-                      "as host uid 0; give the directory to an unprivileged owner", a1, strerror(why ? why : EINVAL));
+                CHECK(-1, "cannot idmap %s on this filesystem (%s), and it belongs to root or to a per-run uid: the "
+                      "command would run as host uid 0 or as another run; give the directory to an unprivileged owner",
+                      a1, strerror(why ? why : EINVAL));
             }
             if (!ok) {  /* no idmapped mounts here: run as the directory's owner, and say so */
                 run_uid = num(&op, 2);
