@@ -75,12 +75,9 @@ def test_batch_refuses_a_system_tree_as_cwd(tmp_path: Path) -> None:
     assert out["id"] == 1 and "host's root" in json.dumps(out), out
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_child_refuses_a_workdir_replaced_after_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                          path: str) -> None:
-    # As if a component of the path had been swapped for a link between the supervisor's
-    # check and the child's open_tree: the tree the child holds is not the checked directory.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+def _check_finds_another_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if a component of the path were swapped for a link between the supervisor's check
+    and the child's open: the directory the child reaches is not the one checked."""
     real = hostpaths.check_writable_dir
 
     def swapped(given: object, what: str) -> hostpaths.CheckedDir:
@@ -89,6 +86,15 @@ def test_child_refuses_a_workdir_replaced_after_the_check(monkeypatch: pytest.Mo
         return checked
 
     monkeypatch.setattr(supervisor, "check_writable_dir", swapped)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_child_refuses_a_workdir_replaced_after_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          path: str) -> None:
+    # As if a component of the path had been swapped for a link between the supervisor's
+    # check and the child's open_tree: the tree the child holds is not the checked directory.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    _check_finds_another_directory(monkeypatch)
     r = sandbox.run(["sh", "-c", "echo ran"], cwd=tmp_path)
     assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
     assert r.stdout == ""
@@ -270,14 +276,7 @@ def test_nested_child_checks_the_directory_it_enters(monkeypatch: pytest.MonkeyP
     assert r.status == "ok" and (work / "made").exists(), r
     if r.isolation.landlock_abi:
         assert r.stdout == "in\ndenied\n" and not (other / "x").exists(), r
-    real = hostpaths.check_writable_dir
-
-    def swapped(given: object, what: str) -> hostpaths.CheckedDir:
-        checked = real(given, what)
-        checked.ino += 1
-        return checked
-
-    monkeypatch.setattr(supervisor, "check_writable_dir", swapped)
+    _check_finds_another_directory(monkeypatch)
     r = sandbox.run(["sh", "-c", "echo ran"], profile="nested", cwd=work)
     assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
 
