@@ -255,7 +255,7 @@ def _json_or_str(text: str) -> Any:
 
 def parse(text: str | bytes, *, base: str | None = None, root: str | None = None) -> PayloadRequest:
     """Validate a payload; raise PayloadError naming the field. Relative paths resolve against `base`
-    (default: the current directory); with `root`, cwd and scriptPath must resolve inside it."""
+    (default: the current directory); cwd and scriptPath must resolve inside `root` (default: `base`)."""
     if isinstance(text, bytes):
         try:
             text = text.decode()
@@ -294,7 +294,10 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
         raise PayloadError("properties", "missing: the list of {\"name\", \"value\"} properties")
     props = _props(doc["properties"], action)
     base = os.getcwd() if base is None else base
-    root = None if root is None else os.path.realpath(root)
+    # The model writes these paths: by default they stay inside the directory we were started
+    # in (a payload naming /root/.ssh or any other host directory is refused); `root="/"` for
+    # any directory that is not a system tree.
+    root = os.path.realpath(base if root is None else root)
     req.timeout = _timeout(props.get("timeout"))
     req.env = _env(props.get("env"))
     req.shelltype = _shelltype(props.get("shelltype"))
@@ -444,7 +447,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dry-run", "-n", action="store_true",
                    help="print the normalised request and its sandbox (profile, limits, mounts); run nothing")
     p.add_argument("--file", metavar="FILE", help="read the payload from FILE instead of stdin")
-    p.add_argument("--root", metavar="DIR", help="refuse a cwd or scriptPath that resolves outside DIR")
+    p.add_argument("--root", metavar="DIR", help="refuse a cwd or scriptPath that resolves outside DIR "
+                                                  "(default: the current directory; / for any non-system one)")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)

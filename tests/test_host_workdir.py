@@ -341,3 +341,21 @@ def test_a_link_in_the_view_is_made_after_every_bind(monkeypatch: pytest.MonkeyP
     # A caller's bind source may not be a link at all: it could be one a run planted.
     with pytest.raises(SandboxError, match="is a symbolic link"):
         sandbox.run(["true"], ro_bind=f"{tmp_path / 'tools'}:/opt/tools")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_mount_point_is_made_through_a_link_inside_a_bound_directory(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path, path: str) -> None:
+    # A run plants a link in a directory that a later run binds; a bind target below that
+    # link would make its mount point on the host before pivot_root. It is refused instead.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "cfg").write_text("x\n")
+    r = sandbox.run(["ln", "-s", str(host_dir), "src/cache"], cwd=ws)  # the planting run
+    assert r.status == "ok", r
+    r = sandbox.run(["true"], ro_bind=[f"{ws / 'src'}:/src", f"{ws / 'cfg'}:/src/cache/sub/cfg"])
+    assert r.status == "setup_error" and "is a link in the way" in (r.error or ""), r
+    assert list(host_dir.iterdir()) == [], "a mount point was made on the host"

@@ -156,10 +156,7 @@ BROKEN = [
     (json.dumps(cmd("ls", env='["K"]')), "env", "JSON object"),
     (json.dumps(cmd("ls", env='{"K": 1}')), "env.K", "string"),
     (json.dumps(cmd("ls", env='{"A=B": "x"}')), "env", "invalid variable"),
-    (json.dumps(cmd("ls", cwd="/no/such/dir")), "cwd", "no such directory"),
-    (json.dumps(cmd("ls", cwd="/etc")), "cwd", "system directory"),
-    (json.dumps(cmd("ls", cwd="/")), "cwd", "host's root"),
-    (json.dumps(cmd("ls", cwd="/var")), "cwd", "contains /var/lib"),
+    (json.dumps(cmd("ls", cwd="/etc")), "cwd", "outside the allowed root"),  # the default root: base
     (json.dumps(cmd("ls 'unbalanced", shell="false")), "command", "cannot split"),
     (json.dumps(cmd("ls") | {"sequential": "p"}), "sequential", "object"),
     ('{"action": "run_command", "properties": [{"name": "command", "value": "ls"}, '
@@ -183,6 +180,25 @@ def test_broken_payload_names_the_field(payload: str, field: str, words: str, ca
     d = execute(payload, base=str(calc.parent))
     assert list(d) == ["error"], d
     assert d["error"]["field"] == field and words in d["error"]["message"], d
+
+
+@pytest.mark.parametrize(("cwd", "words"), [
+    ("/no/such/dir", "no such directory"), ("/etc", "system directory"), ("/", "host's root"),
+    ("/var", "contains /var/lib")])
+def test_cwd_anywhere_with_root_slash_still_never_a_system_tree(cwd: str, words: str, tmp_path: Path) -> None:
+    d = execute(json.dumps(cmd("ls", cwd=cwd)), base=str(tmp_path), root="/")
+    assert d["error"]["field"] == "cwd" and words in d["error"]["message"], d
+
+
+def test_payload_paths_stay_in_the_current_directory_by_default(tmp_path: Path) -> None:
+    # The model writes cwd and scriptPath: without --root they may not leave where we started.
+    (tmp_path / "ws").mkdir()
+    secret = tmp_path / "secret.py"
+    secret.write_text("print('host file')\n")
+    for payload, field in ((cmd("ls", cwd=str(tmp_path)), "cwd"), (cmd("ls", cwd=".."), "cwd"),
+                           (code(scriptPath=str(secret)), "scriptPath")):
+        d = execute(json.dumps(payload), base=str(tmp_path / "ws"))
+        assert d["error"]["field"] == field and "outside the allowed root" in d["error"]["message"], d
 
 
 def test_broken_payload_cli_exit_2(tmp_path: Path) -> None:

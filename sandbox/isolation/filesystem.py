@@ -141,6 +141,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 #   M slot target                     move_mount a clone onto target, then nosuid,nodev (locked flags kept)
 #   r path / x path null              a /proc entry read-only / masked (if it exists)
 #   P root                            pivot_root into root and detach the old root
+#   Q root                            the new root the view is built under: until P, no link may be in
+#                                     the way of a path below it (it would resolve on the host)
 #   e fd nstype / u flags / c path    setns / unshare / chdir
 
 
@@ -204,6 +206,7 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     """What is the same for every run of a profile: root tmpfs, binds, /dev nodes, /etc."""
     p.sub("mount:root-tmpfs")
     p.mount("sandboxrun", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m")
+    p.op("Q", root)  # below it, no link may be in the way until pivot_root
     for d in ("etc", "proc", "dev", "tmp", "run"):
         p.op("k", f"{root}/{d}", 0o755)
     if spec.workdir_fixed:
@@ -369,17 +372,37 @@ def _idmap(tree: int, ids: Sequence[int]) -> bool:
         os.close(userns)
 
 
+def _no_link_below(root: str, path: str) -> None:
+    """While a view is built under its new root (before pivot_root), a link there resolves on
+    the host: refuse one in any component of `path` below `root` (as stage.c does)."""
+    if not root or not path.startswith(root + "/"):
+        return
+    cur = root
+    for part in path[len(root) + 1:].split("/"):
+        cur = f"{cur}/{part}"
+        try:
+            if stat.S_ISLNK(os.lstat(cur).st_mode):
+                raise OSError(errno.ELOOP, f"'{cur}' is a link in the way (until pivot_root it would resolve on "
+                                           "the host)")
+        except FileNotFoundError:
+            return
+
+
 def apply(view: ViewOps, step: list[str]) -> bool:
     """Run the operations in this process (as stage.c does); `step[0]` names the sub-step
     for error reports. False when the workdir could not be idmapped: the caller then runs
     as the directory's owner."""
     slots: dict[int, int] = {}
     idmapped = True
+    root = ""  # the new root while the view is built under it ('Q'), until pivot_root
     try:
         for code, *a in view.ops:
             if code == "q":
                 step[0] = a[0]
+            elif code == "Q":
+                root = a[0]
             elif code == "m":
+                _no_link_below(root, a[1])
                 mount(a[0] or None, a[1], a[2] or None, a[3], a[4] or None)
             elif code == "o":
                 try:
@@ -391,6 +414,7 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 fd = slots.pop(a[0], -1)
                 if fd >= 0:  # else an optional source that was absent
                     try:
+                        _no_link_below(root, a[1])
                         _mkpoint(a[1], a[4])
                         _bind_fd(fd, a[1], writable=a[2], device=a[3])
                     finally:
@@ -398,17 +422,21 @@ def apply(view: ViewOps, step: list[str]) -> bool:
             elif code == "k":
                 os.mkdir(a[0], a[1])
             elif code == "K":
+                _no_link_below(root, a[0])
                 _mkpoint(a[0], a[1])
             elif code == "D":
+                _no_link_below(root, a[0])
                 if not os.path.isdir(a[0]):
                     os.makedirs(a[0], 0o755)
             elif code == "l":
+                _no_link_below(root, os.path.dirname(a[1]))  # (the link itself may exist)
                 if a[2]:
                     if os.path.lexists(a[1]):
                         continue
                     os.makedirs(os.path.dirname(a[1]), exist_ok=True)
                 os.symlink(a[0], a[1])
             elif code == "w":
+                _no_link_below(root, a[0])
                 _write(a[0], a[2], a[1])
             elif code == "W":
                 slots[a[0]] = open_tree(a[1])
@@ -423,6 +451,7 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 if not idmapped and not a[6]:
                     raise OSError(errno.EPERM, NO_ROOT_FALLBACK.format(a[1]))
             elif code == "M":
+                _no_link_below(root, a[1])
                 tree = slots.pop(a[0])
                 try:
                     move_mount(tree, a[1])
@@ -439,6 +468,7 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 elif os.path.exists(a[0]) and os.path.exists(a[1]):
                     mount(a[1], a[0], None, MS_BIND)
             elif code == "P":
+                root = ""  # from here on links resolve in the view
                 os.chdir(a[0])
                 pivot_root(".", ".")  # runc's trick: stack the old root on the new, then detach it
                 umount2(".", MNT_DETACH)

@@ -218,8 +218,34 @@ static int makedirs(const char *path, mode_t mode) {
     return 0;
 }
 
+/* While a view is built under its new root (op 'Q'), before pivot_root, a link in that
+   root resolves on the host: one inside a bound directory (planted by a run) would make a
+   mount point, or mount, on the host. Every path made or mounted on below the root is
+   refused if one of its components there is a link. */
+static char view_root[PATH_MAX] = "";
+
+static void no_link_below_root(const char *path) {
+    size_t r = strlen(view_root);
+    if (!r || strncmp(path, view_root, r) != 0 || path[r] != '/') return;
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + r + 1;; p++) {
+        if (*p != '/' && *p != 0) continue;
+        char c = *p;
+        *p = 0;
+        struct stat st;
+        if (lstat(buf, &st) == 0 && S_ISLNK(st.st_mode)) {
+            errno = ELOOP;
+            CHECK(-1, "'%s' is a link in the way (until pivot_root it would resolve on the host)", buf);
+        }
+        if (c == 0) break;
+        *p = c;
+    }
+}
+
 static void mkpoint(const char *path, int is_dir) {
     struct stat st;
+    no_link_below_root(path);
     if (lstat(path, &st) == 0) return;
     char parent[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", path);
@@ -614,6 +640,7 @@ static void run(void) {
             break;
         }
         case 'm':
+            no_link_below_root(a1);
             CHECK(mount(str_or_null(&op, 0), a1, str_or_null(&op, 2), num(&op, 3), str_or_null(&op, 4)),
                   "mount %s", a1);
             break;
@@ -634,9 +661,14 @@ static void run(void) {
         }
         case 'k': CHECK(mkdir(a0, num(&op, 1)), "mkdir '%s'", a0); break;
         case 'K': mkpoint(a0, num(&op, 1)); break;
-        case 'D': if (!is_dir(a0)) CHECK(makedirs(a0, 0755), "'%s'", a0); break;
+        case 'D': no_link_below_root(a0); if (!is_dir(a0)) CHECK(makedirs(a0, 0755), "'%s'", a0); break;
+        case 'Q': snprintf(view_root, sizeof view_root, "%s", a0); break;
         case 'l': {  /* symlink target linkpath [only if absent, creating parents] */
             struct stat st;
+            char dir[PATH_MAX];
+            snprintf(dir, sizeof dir, "%s", a1);
+            char *end = strrchr(dir, '/');
+            if (end && end != dir) { *end = 0; no_link_below_root(dir); }  /* (the link itself may exist) */
             if (num(&op, 2)) {
                 if (lstat(a1, &st) == 0) break;
                 char parent[PATH_MAX];
@@ -647,7 +679,7 @@ static void run(void) {
             CHECK(symlink(a0, a1), "symlink '%s'", a1);
             break;
         }
-        case 'w': write_file(a0, op.a[2].s, op.a[2].n, num(&op, 1)); break;
+        case 'w': no_link_below_root(a0); write_file(a0, op.a[2].s, op.a[2].n, num(&op, 1)); break;
         case 'W': {  /* clone the caller's workdir */
             int k = slot(&op, 0);
             slots[k] = syscall(SYS_OPEN_TREE, AT_FDCWD, a1, OPEN_TREE_CLONE | O_CLOEXEC);
@@ -687,6 +719,7 @@ static void run(void) {
         }
         case 'M': {  /* move a cloned tree to target, then nosuid,nodev keeping locked flags */
             int k = slot(&op, 0);
+            no_link_below_root(a1);
             CHECK(syscall(SYS_MOVE_MOUNT, slots[k], "", AT_FDCWD, a1, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", a1);
             close(slots[k]);
             slots[k] = -1;
@@ -699,6 +732,7 @@ static void run(void) {
         case 'r': proc_readonly(a0); break;
         case 'x': proc_mask(a0, a1); break;
         case 'P':
+            view_root[0] = 0;  /* from here on links resolve in the view */
             CHECK(chdir(a0), "chdir '%s'", a0);
             CHECK(syscall(SYS_pivot_root, ".", "."), "pivot_root");
             CHECK(umount2(".", MNT_DETACH), "umount2");
