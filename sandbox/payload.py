@@ -178,9 +178,18 @@ def _shelltype(text: str | None) -> str | None:
 
 
 def _inside(field: str, path: str, given: str, root: str | None) -> None:
-    """With a root (--root), every payload path must resolve inside it."""
+    """Every payload path must resolve inside the root, and not through a hidden directory
+    below it (started in a home directory, `.ssh` or `.config` are not the model's)."""
+    try:
+        given.encode()
+    except UnicodeEncodeError:
+        raise PayloadError(field, "not valid UTF-8 text (a lone surrogate)") from None
     if root is not None and path != root and not path.startswith(root.rstrip("/") + "/"):
         raise PayloadError(field, f"{given} is outside the allowed root {root}")
+    below = path[len(root.rstrip("/")):] if root is not None else path
+    hidden = [p for p in below.split("/")[:-1 if field == "scriptPath" else None] if p.startswith(".")]
+    if hidden:
+        raise PayloadError(field, f"{given} goes through the hidden directory {hidden[0]!r}")
 
 
 def _cwd(text: str | None, base: str, root: str | None = None) -> str:

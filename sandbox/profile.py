@@ -434,6 +434,20 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
 
 
+def _nested_bind_problem(target: str, others: list[str]) -> str | None:
+    """A caller's bind nested in another bind (or holding one): its mount point would be made
+    through the outer bind's host directory, which a run may have changed (a link swapped in
+    while the view is built would make it on the host). A profile's own nesting (/usr and
+    /usr/share/zoneinfo) is the operator's."""
+    t = _norm(target)
+    for o in map(_norm, others):
+        if t != o and _under(t, o):
+            return f"bind target {t} is inside the bind at {o}: bind what you need there directly, not nested"
+        if t != o and _under(o, t):
+            return f"bind target {t} holds the bind at {o}: binds of a caller are not nested"
+    return None
+
+
 def workdir_problem(workdir: str) -> str | None:
     """Why a private view's workdir path would hide the sandbox's system, or None."""
     if workdir == "same":
@@ -655,10 +669,12 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 raise err(f"profile {profile.name!r}: {HOST_VIEW_BIND}")
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
                           for s in specs)
+            others = [o.target for o in changes.get("mounts", profile.mounts)]
             for spec, m in zip(specs, extra, strict=True):
-                problem = bind_problem(m.target, profile.workdir)
+                problem = bind_problem(m.target, profile.workdir) or _nested_bind_problem(m.target, others)
                 if problem:
                     raise _error_for(src, key, spec)(problem)
+                others.append(m.target)
                 from .hostpaths import lstat_through_real_dirs
 
                 # No planted link before its last component (the view checks again, and the

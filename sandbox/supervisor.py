@@ -419,6 +419,12 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             extra["fallback_ids"] = (c.uid, NOGROUP)  # the owner, but never the directory's group
     if "SANDBOXRUN_FAIL_STEP" in os.environ:
         extra["fail_step"] = os.environ["SANDBOXRUN_FAIL_STEP"]
+    if prof.workdir == "same" and work.checked is not None and prof.view == "private":
+        for m in prof.mounts:  # its mount point would be made through that bind's host directory
+            t = m.target.rstrip("/") or "/"
+            if work.path == t or work.path.startswith(t + "/"):
+                raise InputError(f"cwd: {work.path} is inside the bind at {m.target}; profile {prof.name!r} "
+                                 "shows the workdir at its host path, which cannot be made inside a bind")
     inside = work.path if prof.workdir == "same" and work.path else (
         "/work" if prof.workdir == "same" else prof.workdir)
     view = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -356,6 +357,33 @@ def test_no_mount_point_is_made_through_a_link_inside_a_bound_directory(monkeypa
     (ws / "cfg").write_text("x\n")
     r = sandbox.run(["ln", "-s", str(host_dir), "src/cache"], cwd=ws)  # the planting run
     assert r.status == "ok", r
-    r = sandbox.run(["true"], ro_bind=[f"{ws / 'src'}:/src", f"{ws / 'cfg'}:/src/cache/sub/cfg"])
+    # (A caller's nested binds are refused up front; a profile may nest its own.)
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'extends = "strict"\n[filesystem]\nro_bind_try = ["{ws / "src"}:/src", '
+                    f'"{ws / "cfg"}:/src/cache/sub/cfg"]\n')
+    r = sandbox.run(["true"], profile=str(prof))
     assert r.status == "setup_error" and "is a link in the way" in (r.error or ""), r
     assert list(host_dir.iterdir()) == [], "a mount point was made on the host"
+
+
+def test_a_callers_binds_are_not_nested(tmp_path: Path) -> None:
+    # A nested bind's mount point is made through the outer bind's host directory, which a
+    # run may be changing (a link swapped in while the view is built would put it on the
+    # host): refused up front, as is a "same" workdir inside a bind.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(SandboxError, match="is inside the bind at /src"):
+        sandbox.run(["true"], ro_bind=[f"{tmp_path / 'a'}:/src", f"{tmp_path / 'b'}:/src/b"])
+    with pytest.raises(SandboxError, match="holds the bind at /src/b"):
+        sandbox.run(["true"], ro_bind=[f"{tmp_path / 'b'}:/src/b", f"{tmp_path / 'a'}:/src"])
+    with pytest.raises(SandboxError, match="is inside the bind at /usr"):
+        sandbox.run(["true"], ro_bind=f"{tmp_path / 'a'}:/usr/local/x")
+    if os.geteuid() != 0:
+        return
+    top = Path(f"/srv/sbxtest{os.urandom(3).hex()}")  # (binds under /tmp are refused anyway)
+    (top / "jobs" / "ws").mkdir(parents=True)
+    try:
+        with pytest.raises(InputError, match="cannot be made inside a bind"):
+            sandbox.run(["true"], profile="ci", cwd=top / "jobs" / "ws", ro_bind=f"{top / 'jobs'}:{top / 'jobs'}")
+    finally:
+        shutil.rmtree(top)

@@ -276,3 +276,15 @@ def test_payload_cwd_through_a_planted_link_is_refused(tmp_path: Path) -> None:
     os.symlink(tmp_path / "victim", tmp_path / "build")  # as an earlier run could have
     d = execute(json.dumps(cmd("ls", cwd="build")), base=str(tmp_path))
     assert d["error"]["field"] == "cwd" and "is a symbolic link" in d["error"]["message"], d
+
+
+def test_payload_paths_never_go_through_a_hidden_directory(tmp_path: Path) -> None:
+    # Started in a home directory, the model's cwd must not be .ssh or .config.
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".cfg").mkdir()
+    (tmp_path / ".cfg" / "x.py").write_text("print(1)\n")
+    for payload, field in ((cmd("ls", cwd=".ssh"), "cwd"), (code(scriptPath=".cfg/x.py"), "scriptPath")):
+        d = execute(json.dumps(payload), base=str(tmp_path))
+        assert d["error"]["field"] == field and "hidden directory" in d["error"]["message"], d
+    d = execute(json.dumps(cmd("ls", cwd="\udc2e")), base=str(tmp_path))
+    assert d["error"]["field"] == "cwd" and "UTF-8" in d["error"]["message"], d
