@@ -117,7 +117,7 @@ def scan(text: str, prof: Profile) -> str | None:
 
 def _blocked(argv: list[str], prof: Profile, reason: str, started: float) -> PythonResult:
     return PythonResult(command=argv, status="blocked", blocked=True, block_reason=reason, error=reason,
-                        profile=prof.name, duration_ms=round((time.monotonic() - started) * 1000, 3))
+                        isolation=None, profile=prof.name, duration_ms=round((time.monotonic() - started) * 1000, 3))
 
 
 def _read_script(script: str | os.PathLike[str]) -> tuple[str, bytes]:

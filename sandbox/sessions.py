@@ -877,7 +877,7 @@ def _prepare(command: Any, profile: Any, timeout: Any, cwd: Any, env: Any, shell
         verdict = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
         if not verdict.allowed:
             raise SessionBlocked(Result(command=argv, status="blocked", blocked=True, block_reason=verdict.reason,
-                                        error=verdict.reason, profile=prof.name))
+                                        error=verdict.reason, profile=prof.name, isolation=None))
     return _Prepared(prof, argv, env_, cwd, started)
 
 

@@ -215,7 +215,8 @@ def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: s
     if cause and cause not in message:
         message = f"{message} (likely cause: {cause})"
     return Result(
-        command=argv, status="setup_error", profile=prof.name, error=f"{step}: {message}", error_step=step,
+        command=argv, status="setup_error", profile=prof.name, isolation=None, error=f"{step}: {message}",
+        error_step=step,
         error_errno=err, duration_ms=(time.monotonic() - started) * 1000,
         stderr=f"sandboxrun: setup failed at {step}: {message}\n",
     )
@@ -632,7 +633,9 @@ def execute(req: Request) -> Result:
         finally:
             for fd in {out_r, err_r, rep_r} - {req.pty_master}:
                 os.close(fd)
-        if res.status != "setup_error":  # nothing was applied to a command that never ran
+        if res.status == "setup_error":
+            res.isolation = None  # nothing was applied to a command that never ran
+        elif res.isolation is not None:
             abi, fallback_uid = res.isolation.landlock_abi, res.isolation.uid
             res.isolation = _isolation(prof, plan, cg, host_uid)
             res.isolation.landlock_abi = abi
@@ -938,7 +941,7 @@ def run(
         verdict = check(cmd_text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
         if not verdict.allowed:
             return Result(command=argv, status="blocked", blocked=True, block_reason=verdict.reason,
-                          error=verdict.reason, profile=prof.name,
+                          error=verdict.reason, profile=prof.name, isolation=None,
                           duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,

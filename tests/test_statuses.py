@@ -134,6 +134,11 @@ def test_setup_error_names_the_step(tmp_path, isolated) -> None:
     r = sandbox.run(["true"], profile=prof)
     assert r.status == "setup_error" and r.error_step.startswith("filesystem"), r
     assert r.error_errno == 2
+    # Nothing was applied to a command that never ran: isolation is null, never the
+    # "host network, no seccomp" defaults a reader would take for an unsandboxed run.
+    assert r.isolation is None and '"isolation": null' in r.to_json(), r
+    b = sandbox.run("rm -rf /")
+    assert b.status == "blocked" and b.isolation is None, b
 
 
 def test_string_command_and_shell(isolated) -> None:
