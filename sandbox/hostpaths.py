@@ -1,19 +1,29 @@
-"""Host directories a run is given read-write: checked once, by the supervisor.
+"""Host paths a run is given: checked once, by the supervisor.
 
 A caller's workdir is bound read-write and, where the filesystem allows, idmapped so that
-its owner's files are the run's own. Two things follow:
+its owner's files are the run's own. So:
 
 - It must not be, nor contain, a system tree: `cwd="/"` (or `/var`) would hand the run
-  /etc/shadow and /var/lib as its own files, writable.
+  /etc/shadow and /var/lib as its own files, writable. Nor a system tree, or a part of one,
+  mounted elsewhere (`mount --bind /usr/local /srv/x`): where the directory really is in
+  its filesystem (its mount's root, from mountinfo) is compared with where the trees are.
 - No component of its path may be a symbolic link. An earlier run can plant one in a
   shared workspace (`ln -s / build`); a later `cwd=".../build"` would then bind whatever it
-  points at. The check walks the path with lstat, and the child verifies that the tree it
-  cloned is this directory (device and inode), so a link swapped in after the check is
-  refused too.
+  points at. The path is opened one component at a time from `/`, each relative to the
+  last and never through a link, so a component a concurrent run swaps for a link while
+  the check walks cannot redirect it; the child then verifies (device, inode) that what it
+  opens by path is the directory the walk ended on.
+
+The same walk checks read-write bind sources, and opens the files the supervisor (perhaps
+root) reads for a run: `--stdin-file`, the code runner's script. A planted
+`input.txt -> /etc/shadow` would otherwise hand the run the file. And host directories a
+run could change (a fresh host workdir, its leftovers in /tmp) are removed by directory
+fds, never by path (`remove_tree`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -44,6 +54,10 @@ def system_tree_problem(path: str) -> str | None:
     return None
 
 
+class MissingPath(InputError):
+    """The path, or a directory on it, does not exist."""
+
+
 class CheckedDir:
     """A directory that passed the checks: its path, and the identity the child verifies."""
 
@@ -69,10 +83,9 @@ def _normalised(given: object, what: str) -> tuple[str, str]:
     return text, "/" + path.lstrip("/")  # normpath keeps a leading "//"
 
 
-def _walk(path: str, text: str, what: str, noun: str = "directory",
-          seen: list[tuple[int, int]] | None = None) -> int:
+def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
     """An O_PATH fd of `path`, opened one component at a time from `/`, each relative to the
-    last and never through a symbolic link; `seen` gets each component's (dev, ino)."""
+    last and never through a symbolic link."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     cur = ""
     try:
@@ -81,17 +94,14 @@ def _walk(path: str, text: str, what: str, noun: str = "directory",
             try:
                 nfd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except FileNotFoundError:
-                raise InputError(f"{what}: no such {noun}: {text}") from None
+                raise MissingPath(f"{what}: no such {noun}: {text}") from None
             except NotADirectoryError:
                 raise InputError(f"{what}: {cur.rsplit('/', 1)[0]} is not a directory") from None
             except OSError as e:
                 raise InputError(f"{what}: {cur}: {e.strerror}") from None
             os.close(fd)
             fd = nfd
-            st = os.fstat(fd)
-            if seen is not None:
-                seen.append((st.st_dev, st.st_ino))
-            if stat.S_ISLNK(st.st_mode):
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
                 raise InputError(
                     f"{what}: {cur} is a symbolic link; a path the sandbox gets from the host may not contain "
                     "one (a run can plant links in its workdir): give the real path")
@@ -99,35 +109,6 @@ def _walk(path: str, text: str, what: str, noun: str = "directory",
     except BaseException:
         os.close(fd)
         raise
-
-
-_TREE_IDS: dict[tuple[int, int], str] = {}
-
-
-def _tree_ids() -> dict[tuple[int, int], str]:
-    """(dev, ino) -> name of `/` and every system and shared tree here (once a process)."""
-    if not _TREE_IDS:
-        for t in ("/", *SYSTEM_TREES, *SHARED_TREES):
-            try:
-                st = os.stat(t)
-            except OSError:
-                continue
-            _TREE_IDS.setdefault((st.st_dev, st.st_ino), t)
-    return _TREE_IDS
-
-
-def _mounted_tree_problem(path: str, seen: list[tuple[int, int]]) -> str | None:
-    """The path rules again, by identity: a system tree bind-mounted elsewhere (`mount --bind
-    / /srv/host`, then `/srv/host/etc/default`) is still that tree."""
-    ids = _tree_ids()
-    t = ids.get(seen[-1]) if seen else "/"
-    if t is not None:
-        return f"{path} is {t}, mounted there"
-    for dev_ino in seen[:-1]:
-        t = ids.get(dev_ino)
-        if t in SYSTEM_TREES:
-            return f"{path} is in {t}, mounted there"
-    return None
 
 
 def _unescape(field: str) -> str:
@@ -181,35 +162,38 @@ def _tree_locations(mounts: dict[int, tuple[str, str, str]]) -> list[tuple[str, 
 
 
 def _bound_tree_problem(fd: int, path: str) -> str | None:
-    """The path rules once more, on where `path` really is in its filesystem: a part of a
-    system tree bind-mounted elsewhere is still in that tree."""
+    """The path rules once more, on where `path` really is in its filesystem: a system tree,
+    or a part of one, bind-mounted elsewhere is still that tree."""
     mounts = _mounts()
     loc = _fs_location(fd, path, mounts)
     if loc is None:
         return None
     dev, fs_path = loc
-    for name, tdev, tpath in _tree_locations(mounts):
-        if tdev != dev:
-            continue
-        if fs_path == tpath and name not in SYSTEM_TREES:
+    trees = [(name, tpath) for name, tdev, tpath in _tree_locations(mounts) if tdev == dev]
+    for name, tpath in trees:
+        if fs_path == tpath:
             return f"{path} is {name}, mounted there"
-        if name in SYSTEM_TREES and (fs_path == tpath or fs_path.startswith(tpath.rstrip("/") + "/")):
+    for name, tpath in trees:
+        if name in SYSTEM_TREES and fs_path.startswith(tpath.rstrip("/") + "/"):
             return f"{path} is in {name}, mounted there"
         if tpath.startswith(fs_path.rstrip("/") + "/"):
             return f"{path} contains {name}, mounted there"
     return None
 
 
+def _tree_problem(fd: int, path: str) -> str | None:
+    return system_tree_problem(path) or _bound_tree_problem(fd, path)
+
+
 def check_writable_dir(given: object, what: str) -> CheckedDir:
     """Check a host directory that a run gets read-write; raise InputError naming `what`."""
     text, path = _normalised(given, what)
-    seen: list[tuple[int, int]] = []
-    fd = _walk(path, text, what, seen=seen)
+    fd = _walk(path, text, what)
     try:
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             raise InputError(f"{what}: not a directory: {text}")
-        problem = system_tree_problem(path) or _mounted_tree_problem(path, seen) or _bound_tree_problem(fd, path)
+        problem = _tree_problem(fd, path)
     finally:
         os.close(fd)
     if problem:
@@ -221,10 +205,9 @@ def check_writable_bind(given: object, what: str) -> None:
     """A read-write bind's source: a file or directory, reached without a link, that is not
     (nor holds) a system tree."""
     text, path = _normalised(given, what)
-    seen: list[tuple[int, int]] = []
-    fd = _walk(path, text, what, "file or directory", seen=seen)
+    fd = _walk(path, text, what, "file or directory")
     try:
-        problem = system_tree_problem(path) or _mounted_tree_problem(path, seen) or _bound_tree_problem(fd, path)
+        problem = _tree_problem(fd, path)
     finally:
         os.close(fd)
     if problem:
@@ -256,8 +239,62 @@ def lstat_through_real_dirs(given: str, what: str) -> os.stat_result:
     try:
         return os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
     except FileNotFoundError:
-        raise InputError(f"{what}: no such file or directory: {text}") from None
+        raise MissingPath(f"{what}: no such file or directory: {text}") from None
     except OSError as e:
         raise InputError(f"{what}: {text}: {e.strerror}") from None
     finally:
         os.close(fd)
+
+
+def remove_tree(path: str) -> None:
+    """Remove `path` and all in it by directory fds: never through a symbolic link, never
+    outside `path`, even while what is in it changes (in a shared /tmp, anyone may try to
+    swap a directory for a link mid-way); directories made unreadable are chmod-ed through
+    the fd of what was opened, never by path."""
+    parent, name = os.path.split(os.path.normpath(path))
+    try:
+        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _remove_in(pfd, name)
+    except (OSError, RecursionError):
+        pass  # as much as could be removed: a tree deeper than the fd or recursion limits stays
+    finally:
+        os.close(pfd)
+
+
+def _remove_in(dfd: int, name: str) -> None:
+    """Remove the entry `name` of the directory `dfd`, whatever it is."""
+    try:
+        os.unlink(name, dir_fd=dfd)  # a file, link, socket...: unlink never follows a link
+        return
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.EISDIR, errno.EPERM):
+            raise
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except PermissionError:  # made unreadable (chmod 0): open it without reading, fix it, reopen
+        pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.chmod(f"/proc/self/fd/{pfd}", 0o700)  # that very directory, through its fd
+        finally:
+            os.close(pfd)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        try:
+            names = os.listdir(fd)
+        except PermissionError:
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)
+            names = os.listdir(fd)
+        for entry in names:
+            try:
+                _remove_in(fd, entry)
+            except PermissionError:  # its directory is read-only to us: open it up, once
+                os.chmod(f"/proc/self/fd/{fd}", 0o700)
+                _remove_in(fd, entry)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dfd)

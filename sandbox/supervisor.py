@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from . import profile as profiles
 from .errors import InputError
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
-from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir
+from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, remove_tree
 from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
@@ -247,60 +247,6 @@ class _Workdir:
             remove_tree(self.path)
 
 
-def remove_tree(path: str) -> None:
-    """Remove `path` and all in it by directory fds: never through a symbolic link, never
-    outside `path`, even while what is in it changes (in a shared /tmp, anyone may try to
-    swap a directory for a link mid-way); directories made unreadable are chmod-ed through
-    the fd of what was opened, never by path."""
-    parent, name = os.path.split(os.path.normpath(path))
-    try:
-        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        _remove_in(pfd, name)
-    except (OSError, RecursionError):
-        pass  # as much as could be removed: a tree deeper than the fd or recursion limits stays
-    finally:
-        os.close(pfd)
-
-
-def _remove_in(dfd: int, name: str) -> None:
-    """Remove the entry `name` of the directory `dfd`, whatever it is."""
-    try:
-        os.unlink(name, dir_fd=dfd)  # a file, link, socket...: unlink never follows a link
-        return
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        if e.errno not in (errno.EISDIR, errno.EPERM):
-            raise
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    except PermissionError:  # made unreadable (chmod 0): open it without reading, fix it, reopen
-        pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-        try:
-            os.chmod(f"/proc/self/fd/{pfd}", 0o700)  # that very directory, through its fd
-        finally:
-            os.close(pfd)
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    try:
-        try:
-            names = os.listdir(fd)
-        except PermissionError:
-            os.chmod(f"/proc/self/fd/{fd}", 0o700)
-            names = os.listdir(fd)
-        for entry in names:
-            try:
-                _remove_in(fd, entry)
-            except PermissionError:  # its directory is read-only to us: open it up, once
-                os.chmod(f"/proc/self/fd/{fd}", 0o700)
-                _remove_in(fd, entry)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dfd)
-
-
 _swept = False
 
 
@@ -357,13 +303,12 @@ def _run_uid(uid: int) -> bool:
     """One of the per-run uids (isolation/uids.py), which no one but our runs has."""
     if _rootless():
         return False
-    from .isolation.uids import uid_range
+    from .isolation.uids import in_range
 
     try:
-        base, count = uid_range()
-    except InputError:
+        return in_range(uid)
+    except InputError:  # a bad range is reported where a uid is allocated
         return False
-    return base <= uid < base + count
 
 
 def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int, int | None, Any]:

@@ -543,7 +543,7 @@ def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> N
 def test_removing_a_tree_never_reaches_outside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A fresh host workdir (nested) or a stale one in a shared /tmp can be changed while it is
     # removed: a directory swapped for a link to elsewhere must not make us chmod or delete there.
-    from sandbox import supervisor
+    from sandbox import hostpaths
 
     outside = tmp_path / "outside"
     (outside / "keep").mkdir(parents=True)
@@ -565,7 +565,7 @@ def test_removing_a_tree_never_reaches_outside_it(monkeypatch: pytest.MonkeyPatc
         return names
 
     monkeypatch.setattr(os, "listdir", listdir_then_swap)
-    supervisor.remove_tree(str(tree))
+    hostpaths.remove_tree(str(tree))
     monkeypatch.undo()
     assert swapped and not tree.exists()
     assert outside.stat().st_mode & 0o777 == 0o755 and (outside / "keep").is_dir()

@@ -95,7 +95,7 @@ class ViewSpec:
     workdir_fixed: bool = True  # the same path for every run (not the profile's "same" as the host)
     # (disk uid, run uid, disk gid, run gid): show the caller's workdir as the run's own
     workdir_idmap: tuple[int, int, int, int] | None = None
-    # where the filesystem cannot idmap: run as the directory's owner (never when that is root)
+    # where the filesystem cannot idmap: run as the directory's owner (never root or a per-run uid)
     workdir_fallback: bool = False
     # (st_dev, st_ino) of the caller's workdir as the supervisor checked it: the child refuses
     # a tree that is another directory (a path component swapped for a link since the check)
@@ -173,7 +173,7 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
     p.sub("mount:open-sources")
     opened: list[tuple[int | str, BindSpec, bool]] = []  # (slot or symlink text, spec, is_dir)
     from ..errors import InputError
-    from ..hostpaths import lstat_through_real_dirs
+    from ..hostpaths import MissingPath, lstat_through_real_dirs
 
     for b in spec.binds:
         try:
@@ -184,7 +184,7 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
                 opened.append((os.readlink(b.source), b, False))
                 continue
         except InputError as e:  # gone, or a link, since the profile was checked: a setup failure
-            missing = "no such" in str(e)
+            missing = isinstance(e, MissingPath)
             if b.optional and missing:
                 continue
             # never a source opened unchecked: it could be reached through a link by then

@@ -19,7 +19,7 @@ IPC_RMID = 0
 
 def remove_files_of(uid: int, dirs: tuple[str, ...] = SHARED_DIRS) -> int:
     """Remove the entries of `dirs` that `uid` owns (whole trees, by directory fds); the count."""
-    from ..supervisor import remove_tree
+    from ..hostpaths import remove_tree
 
     removed = 0
     for d in dict.fromkeys(d for d in (*dirs, os.environ.get("TMPDIR", "")) if d):
