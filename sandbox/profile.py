@@ -707,4 +707,6 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
+    if not changes and limits is profile.limits:
+        return profile  # (timeout=None and the like: the very same profile, its cached steps too)
     return records.replace(profile, limits=limits, **changes)

@@ -310,7 +310,7 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
 
         monkeypatch.setattr(hostpaths, "lstat_through_real_dirs", other_file)
         r = sandbox.run(["cat", "/data"], ro_bind=f"{tmp_path / 'private' / 'other'}:/data")
-        assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
+        assert r.status == "setup_error" and "no longer the file that was checked" in (r.error or ""), r
     else:  # the Python child runs the same operations (filesystem.apply)
         from sandbox.isolation import filesystem
 
@@ -318,7 +318,7 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
         view = filesystem.ViewOps()
         view.op("o", 0, str(tmp_path / "private" / "data"), 0)
         view.op("V", 0, str(tmp_path / "private" / "data"), st.st_dev, st.st_ino + 1)
-        with pytest.raises(OSError, match="no longer the directory that was checked"):
+        with pytest.raises(OSError, match="no longer the file that was checked"):
             filesystem.apply(view, [""])
 
 

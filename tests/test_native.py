@@ -215,3 +215,23 @@ def test_peak_memory_is_the_runs_not_the_supervisors() -> None:
     assert r.status == "ok", r
     assert r.usage.peak_memory_bytes < 64 << 20, r.usage
     del ballast
+
+
+def test_ready_network_namespaces_own_small_socket_tables_and_leave_the_host_alone() -> None:
+    """Made from a parent with small child hash tables: tearing one down purges its own few
+    buckets, not the host's TCP table; the host's settings stay as they were."""
+    host = "/proc/sys/net/ipv4/tcp_child_ehash_entries"
+    if not os.path.exists(host):
+        pytest.skip("kernel before 6.1: no per-namespace socket tables")
+    with open(host) as f:
+        before = f.read()
+    from sandbox import supervisor
+    from sandbox.isolation.network import CHILD_HASH_BUCKETS
+
+    sandbox.run(["/bin/true"])
+    ready = supervisor._native.netns
+    assert ready is not None and ready.wait_ready()
+    r = sandbox.run(["cat", "/proc/sys/net/ipv4/tcp_ehash_entries", "/proc/sys/net/ipv4/udp_hash_entries"])
+    assert r.status == "ok" and r.stdout.split() == [str(CHILD_HASH_BUCKETS)] * 2, r
+    with open(host) as f:
+        assert f.read() == before

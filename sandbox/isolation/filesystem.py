@@ -443,7 +443,8 @@ def apply(view: ViewOps, step: list[str]) -> bool:
             elif code == "V":
                 st = os.fstat(slots[a[0]])
                 if (st.st_dev, st.st_ino) != (a[2], a[3]):
-                    raise OSError(errno.EXDEV, f"{a[1]} is no longer the directory that was checked "
+                    kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"  # a bind source may be either
+                    raise OSError(errno.EXDEV, f"{a[1]} is no longer the {kind} that was checked "
                                   "(a path component replaced since)")
             elif code == "I":
                 step[0] = "mount:idmap-workdir"

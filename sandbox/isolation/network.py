@@ -23,6 +23,12 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
+# Buckets of each run namespace's own TCP and UDP socket tables (ReadyNamespaces); the
+# kernel's minimum for UDP is 128. A sandbox's handful of sockets needs no more.
+CHILD_HASH_BUCKETS = 256
+CHILD_HASH_TABLES = ("tcp_child_ehash_entries", "udp_child_hash_entries")
+
+
 class ReadyNamespaces:
     """A few fresh network namespaces with loopback up, made ahead of the runs that use them.
 
@@ -33,6 +39,12 @@ class ReadyNamespaces:
     alone, which returns to its own namespace at once, and being another thread it runs on
     another CPU than the stage it would otherwise slow down. Each namespace serves one run
     and is never reused (a used one keeps state: TIME_WAIT sockets, abstract socket names).
+
+    The thread makes them from a parent namespace of its own, in which the kernel's
+    tcp_child_ehash_entries and udp_child_hash_entries are small: each run's namespace then
+    gets socket hash tables of its own, and tearing it down purges those few buckets instead
+    of walking the host's whole TCP table (~0.3 ms a run). Nothing else of the parent reaches
+    the children, and no run ever enters it; the host's own settings are untouched.
     """
 
     def __init__(self, size: int = 2) -> None:
@@ -101,6 +113,11 @@ class ReadyNamespaces:
 
     def _work(self) -> None:
         me = os.getpid()
+        try:
+            self._enter_parent()
+        except RuntimeError as e:
+            self.broken = str(e)
+            return
         while True:
             with self._lock:
                 while not self._stop and self._owner == me and not self.broken and len(self._fds) >= self.size:
@@ -113,6 +130,30 @@ class ReadyNamespaces:
             except RuntimeError as e:  # this thread could not return to its namespace: stop here
                 self.broken = str(e)
                 return
+
+    def _enter_parent(self) -> None:
+        """Move this thread into a fresh parent namespace with small per-namespace hash
+        tables for the namespaces made from it; where the kernel has no such settings
+        (before 6.1) or refuses, stay in our own."""
+        from .syscalls import CLONE_NEWNET, setns, unshare
+
+        here = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                unshare(CLONE_NEWNET)
+            except OSError:
+                return  # _make_one reports it, if it matters
+            try:
+                for name in CHILD_HASH_TABLES:  # read from the thread's own namespace
+                    with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
+                        f.write(str(CHILD_HASH_BUCKETS))
+            except OSError:
+                try:
+                    setns(here, CLONE_NEWNET)
+                except OSError as e:
+                    raise RuntimeError(f"sandboxrun: cannot return this thread to its network namespace: {e}") from e
+        finally:
+            os.close(here)
 
     def _make_one(self) -> bool:
         from .syscalls import CLONE_NEWNET, setns, unshare

@@ -345,9 +345,11 @@ static void proc_readonly(const char *p) {
 }
 
 static void proc_mask(const char *p, const char *null) {
-    if (is_dir(p)) {
+    struct stat st;
+    if (stat(p, &st) < 0) return;  /* not on this kernel: one lookup, not two */
+    if (S_ISDIR(st.st_mode)) {
         CHECK(mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0"), "mount %s", p);
-    } else if (exists(p) && exists(null)) {
+    } else if (exists(null)) {
         CHECK(mount(null, p, NULL, MS_BIND, NULL), "mount %s", p);
     }
 }
@@ -691,7 +693,8 @@ static void run(void) {
             CHECK(fstat(slots[slot(&op, 0)], &st), "fstat '%s'", a1);
             if ((uint64_t)st.st_dev != strtoull(op.a[2].s, NULL, 10) || (uint64_t)st.st_ino != strtoull(op.a[3].s, NULL, 10)) {
                 errno = EXDEV;
-                CHECK(-1, "%s is no longer the directory that was checked (a path component replaced since)", a1);
+                CHECK(-1, "%s is no longer the %s that was checked (a path component replaced since)", a1,
+                      S_ISDIR(st.st_mode) ? "directory" : "file");  /* a bind source may be either */
             }
             break;
         }
