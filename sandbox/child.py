@@ -137,7 +137,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         prctl.set_name("sandboxrun-init")
         prctl.set_proctitle("sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
         mark("pdeathsig")
-        prctl.set_pdeathsig(signal.SIGKILL)  # (getppid() is 0 here: the parent is outside our pid ns)
+        prctl.set_pdeathsig(_parent_death_signal(plan))  # (getppid() is 0 here: the parent is outside our pid ns)
         mark("namespaces")
         from .isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNS, unshare
 
@@ -226,7 +226,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("capabilities")
         identity.clear_capabilities()
         # The kernel clears the parent-death signal when credentials change: arm it again.
-        prctl.set_pdeathsig(signal.SIGKILL)
+        prctl.set_pdeathsig(_parent_death_signal(plan))
         mark("no_new_privs")
         identity.no_new_privs()
         if landlock_rs >= 0:
@@ -262,23 +262,92 @@ def _spawn(plan: RunPlan) -> int:
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
 
 
+PARENT_GONE = 64  # SIGRTMAX: the parent-death signal without a pid namespace (native/ops.py)
+
+
+def _parent_death_signal(plan: RunPlan) -> int:
+    """With a pid namespace SIGKILL (the namespace dies with its init); without one a signal
+    we catch, to kill our descendants first (init_loop)."""
+    return signal.SIGKILL if plan.pid_namespace else PARENT_GONE
+
+
+_PROC_SEES_US = True  # /proc shows this process (not so in a rootless fork server's pid namespace)
+_WALL = 0x40000000  # <linux/wait.h> __WALL: threads' and clone children too
+
+
+def signal_descendants(sig: int) -> int:
+    """Without a pid namespace (the nested profile) the run's processes are this process's
+    descendants: it is their child subreaper, so orphans (double-forked daemons) come to it.
+    kill(-1) would reach every process of the uid on the host. psutil checks each process's
+    start time before signalling it, so a recycled pid is never signalled. How many were."""
+    if not _PROC_SEES_US:
+        # Our pid namespace is a rootless fork server's, which holds only its caller's runs;
+        # /proc (the host's) cannot show our descendants there: every process we may signal.
+        try:
+            os.kill(-1, sig)
+        except OSError:
+            pass
+        return 0
+    import psutil
+
+    sent = 0
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            p.send_signal(sig)
+            sent += 1
+        except psutil.Error:
+            pass
+    return sent
+
+
+def kill_descendants(rounds: int = 200) -> None:
+    """Kill and reap every descendant, until this process has no child left (~2 s at most)."""
+    if not _PROC_SEES_US:
+        return  # (see signal_descendants): not without a /proc that shows them
+    for _ in range(rounds):
+        try:
+            while os.waitpid(-1, os.WNOHANG | _WALL)[0] > 0:
+                pass
+        except ChildProcessError:
+            return  # no child: no descendant either (orphans come to us)
+        signal_descendants(signal.SIGKILL)
+        time.sleep(0.01)
+
+
 def init_loop(main_pid: int, report_fd: int) -> None:
-    """PID 1 duties: forward signals to everything, reap orphans, report the main exit."""
+    """PID 1 duties: forward signals to everything, reap orphans, report the main exit.
+    Without a pid namespace: the same for this process's descendants only."""
+    pid1 = os.getpid() == 1
 
     def forward(signum: int, _frame: object) -> None:
         try:
-            os.kill(-1, signum)  # every process we may signal in this pid namespace
+            if pid1:
+                os.kill(-1, signum)  # every process we may signal in this pid namespace
+            else:
+                signal_descendants(signum)
         except OSError:
             pass
 
+    def parent_gone(_signum: int, _frame: object) -> None:  # nobody is left to report to
+        kill_descendants()
+        os._exit(0)
+
     for s in FORWARDED:
         signal.signal(s, forward)
+    if not pid1:
+        signal.signal(PARENT_GONE, parent_gone)
     while True:
         try:
             pid, status, ru = os.wait4(-1, 0)
         except ChildProcessError:
             os._exit(0)
         if pid == main_pid:
+            if not pid1:
+                kill_descendants()
             total = resource.getrusage(resource.RUSAGE_CHILDREN)
             _report(report_fd, f"X {status} {total.ru_utime:.6f} {total.ru_stime:.6f} {total.ru_maxrss}")
             os._exit(0)  # the kernel now kills whatever is left in the namespace
@@ -287,6 +356,16 @@ def init_loop(main_pid: int, report_fd: int) -> None:
 def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
     """Entry point in the forked child. Never returns."""
     try:
+        if not plan.pid_namespace:
+            # What finds the run's processes at its end (signal_descendants), imported and run
+            # once now: after setup this process may not read the interpreter's own files.
+            global _PROC_SEES_US
+            import psutil
+
+            try:
+                psutil.Process().children(recursive=True)
+            except psutil.Error:  # a rootless fork server's pid namespace, which /proc does not show
+                _PROC_SEES_US = False
         trace: dict[str, float] = {}
         setup(plan, report_fd, cgroup_fds, trace)
         if plan.pty:
@@ -294,6 +373,10 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
             import termios
 
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if os.getpid() != 1:  # no pid namespace: the run's orphans come to us, not to the host's init
+            import prctl
+
+            prctl.set_child_subreaper(1)
         t = time.perf_counter()
         pid = _spawn(plan)
         if plan.trace:

@@ -281,6 +281,7 @@ def serve(fd: int) -> None:
     if os.environ.get("SANDBOXRUN_NO_TEMPLATE") != "1":
         side.templates = {}
     children: set[int] = set()
+    own_tree: set[int] = set()  # children without a pid namespace: their runs' subreapers
 
     def reap(_sig: int, _frame: object) -> None:
         while True:
@@ -291,6 +292,7 @@ def serve(fd: int) -> None:
             if pid == 0:
                 return
             children.discard(pid)
+            own_tree.discard(pid)
 
     signal.signal(signal.SIGCHLD, reap)
     served = 0
@@ -315,6 +317,8 @@ def serve(fd: int) -> None:
             try:
                 pid = side.fork_child(plan, child_fds)
                 children.add(pid)
+                if not plan.pid_namespace:
+                    own_tree.add(pid)
                 pidfd = os.pidfd_open(pid)
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
@@ -334,7 +338,21 @@ def serve(fd: int) -> None:
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
-    # The caller is gone: nothing of its may keep running.
+    # The caller is gone: nothing of its may keep running. A child without a pid namespace
+    # catches PARENT_GONE and kills its own descendants (the run's processes, which SIGKILL
+    # would orphan out of reach) before it exits. Then SIGKILL (a pid namespace dies with it).
+    import time
+
+    from .child import PARENT_GONE
+
+    for pid in list(own_tree):
+        try:
+            os.kill(pid, PARENT_GONE)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 2.5
+    while own_tree and time.monotonic() < deadline:
+        time.sleep(0.02)  # the SIGCHLD handler (reap) removes those that exited
     for pid in list(children):
         try:
             os.kill(pid, signal.SIGKILL)

@@ -99,6 +99,7 @@ class Monitor:
         self.prof: Any = None
         self.logs: dict[str, CappedLog] = {}
         self.pidfd: int | None = None
+        self.pid: int | None = None  # the sandbox's child (its init), unreaped while we run it
         self.master: int | None = None
         self.slave: int | None = None
         self.stdin_r: int | None = None
@@ -222,6 +223,7 @@ class Monitor:
     def _started(self, pid: int) -> None:
         """The sandbox is forked: from here on threads are safe."""
         self.pidfd = os.pidfd_open(pid)
+        self.pid = pid
         for name in ("slave", "stdin_r"):  # only the sandbox may hold these now
             fd = getattr(self, name)
             if fd is not None:
@@ -304,8 +306,11 @@ class Monitor:
         with self._kill_lock:
             self._send(signal.SIGTERM)  # the init forwards it to every process in the sandbox
             done, _, _ = select.select([self.pidfd], [], [], max(0.0, grace))
-            if not done:
-                self._send(signal.SIGKILL)  # the pid namespace dies with its init
+            if not done and self.pid is not None and self.pidfd is not None:
+                from .supervisor import kill_run
+
+                # the pid namespace dies with its init; without one, the init's descendants first
+                kill_run(self.pid, self.pidfd, own_tree="pid" not in self.prof.namespaces)
 
     def _serve(self) -> None:
         assert self.sock is not None

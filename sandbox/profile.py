@@ -305,7 +305,7 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
         return hit[1]
     own = _read_toml(path.resolve())
     raw = _load_raw(path, raw=own)
-    prof = from_dict(raw, source=str(path), default_name=path.stem, own=own.get("filesystem"))
+    prof = from_dict(raw, source=str(path), default_name=path.stem, own=own.get("filesystem", {}))
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof
 

@@ -574,7 +574,8 @@ def execute(req: Request) -> Result:
             if fd in opened:
                 opened.remove(fd)  # _supervise owns them now
         try:
-            res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started)
+            res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started,
+                             own_tree=not plan.pid_namespace)
         finally:
             for fd in {out_r, err_r, rep_r} - {req.pty_master}:
                 os.close(fd)
@@ -665,8 +666,39 @@ def _send(launched: Launched, sig: int) -> None:
         pass
 
 
+def kill_run(pid: int, pidfd: int, own_tree: bool) -> None:
+    """SIGKILL a run's child (`pid`, which the caller has not reaped, and its `pidfd`).
+    `own_tree` (no pid namespace): the child is its processes' child subreaper, so they are
+    all its descendants; they go first, since once it is dead its orphans would be
+    reparented away from it (to the host's init), out of reach."""
+    if own_tree:
+        import psutil
+
+        for _ in range(50):
+            try:  # unreaped, the child's pid cannot be another process's yet
+                procs = psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                break
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.kill()  # psutil checks the start time: never a recycled pid
+                except psutil.Error:
+                    pass
+            time.sleep(0.01)
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _kill(launched: Launched, own_tree: bool) -> None:
+    kill_run(launched.pid, launched.pidfd, own_tree)
+
+
 def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: int, stdin_w: int,
-               cg: cgroups.RunCgroup | None, started: float) -> Result:
+               cg: cgroups.RunCgroup | None, started: float, *, own_tree: bool = False) -> Result:
     prof = req.profile
     lim = prof.limits
     out = Capture(lim.output, req.on_stdout, forward_all=req.forward_all)
@@ -698,7 +730,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     kill_at = now + lim.kill_grace
                 if kill_at is not None and now >= kill_at:
                     report.killed = True
-                    _send(launched, signal.SIGKILL)  # the pid namespace dies with its init
+                    _kill(launched, own_tree)  # the pid namespace dies with its init
                     if cg is not None:
                         cg.kill_all()
                     kill_at = now + 0.5
@@ -753,7 +785,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         if stdin_w >= 0:
             os.close(stdin_w)
         if exited_at is None:
-            _send(launched, signal.SIGKILL)
+            _kill(launched, own_tree)
         rusage = launched.reap()
         os.close(launched.pidfd)
     duration = time.monotonic() - started

@@ -32,6 +32,18 @@ def test_extends_merges(tmp_path) -> None:
     assert any(m.target == "/opt" for m in p.mounts) and any(m.target == "/usr" for m in p.mounts)
 
 
+
+def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> None:
+    """The binds nested inherits from strict are unused under its host view, not the file's
+    own mistake: only a file that names binds itself is refused."""
+    f = tmp_path / "mine.toml"
+    f.write_text('extends = "nested"\n[security]\ncgroup = "off"\n')
+    p = load(str(f))
+    assert p.view == "host" and p.cgroup == "off"
+    f.write_text('extends = "nested"\n[filesystem]\nro_bind = ["/usr"]\n')
+    with pytest.raises(ProfileError, match="filesystem.ro_bind = '/usr'"):
+        load(str(f))
+
 @pytest.mark.parametrize("body, needle", [
     ('[limits]\nmemory = "12XB"', "limits.memory = '12XB': unknown size unit"),
     ('[limits]\nmemroy = "1GiB"', "limits.memroy: unknown key"),

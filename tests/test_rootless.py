@@ -393,3 +393,31 @@ def test_root_with_unshare_denied_fails_closed(tree: Tree) -> None:
     assert s["error_errno"] == 1 and s["exit_code"] == -1 and not s["stdout"]
     n = out["nested"]
     assert n["status"] == "ok" and n["isolation"]["namespaces"] == [], n
+
+
+def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
+    """No namespace at all: the run is the user's own uid, as are the user's shell and the
+    supervisor itself. A timeout must end the run's processes (a daemon that ignores
+    SIGTERM included) and nothing else of the user: kill(-1) would take them all."""
+    from conftest import marker
+
+    from sandbox import leaks
+
+    mark, own = marker(), marker()
+    bystander = subprocess.Popen(["setpriv", f"--reuid={tree.uid}", f"--regid={tree.gid}", "--clear-groups",
+                                  "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
+    stubborn = (f"trap '' TERM; (setsid bash -c \"trap '' TERM; exec -a {mark} sleep 1000\" > /dev/null 2>&1 &); "
+                "sleep 30")
+    try:
+        cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--json", "--profile", "nested", "--timeout", "1", "--",
+                           "bash", "-c", stubborn])
+        assert cp.returncode == 124, (cp.returncode, cp.stderr[-2000:])  # not 130: the CLI was not signalled
+        res = json.loads(cp.stdout)
+        assert res["status"] == "timeout" and res["isolation"]["namespaces"] == [], res
+        assert bystander.poll() is None, "the user's own process was signalled"
+        assert leaks.marked(mark) == []
+    finally:
+        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
+            os.kill(proc.pid, 9)
+        bystander.kill()
+        bystander.wait()

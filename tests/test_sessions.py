@@ -131,6 +131,32 @@ def test_kill_stops_the_whole_sandbox(contained) -> None:
     assert s.kill() is not None  # killing an ended session is a no-op answer
 
 
+
+def test_kill_of_a_nested_owner_session_without_a_cgroup_ends_its_daemons(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No pid namespace, no cgroup, and the directory owner's uid: the monitor kills the
+    # init's descendants (its subreaper's) before the init, or they would be orphaned away.
+    if os.geteuid() != 0:
+        pytest.skip("runs as a directory's owner for root callers")
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    work = tmp_path / "owned"
+    work.mkdir()
+    tmp_path.chmod(0o755)
+    os.chown(work, 4247, 4247)
+    mark = marker()
+    s = sandbox.start(["bash", "-c", f"(setsid bash -c 'trap \"\" TERM; exec -a {mark} sleep 1000' &); "
+                                   f"trap '' TERM; echo up; exec -a {mark}b sleep 1000"], profile="nested", cwd=work)
+    try:
+        output_until(s, "up")
+        until(lambda: len(leaks.marked(mark)) == 2, what="both sleepers")
+        res = s.kill(grace=0.3)
+        assert res is not None and res.status == "signaled" and res.isolation.cgroup == "none", res
+        assert leaks.marked(mark) == []
+    finally:
+        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
+            os.kill(proc.pid, 9)
+        s.clear()
+
 def test_sigterm_to_the_monitor_ends_the_run_in_order(contained) -> None:
     mark = marker()
     s = sandbox.start(["bash", "-c", f"echo up; exec -a {mark} sleep 1000"])

@@ -109,6 +109,16 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0,
     return steps + _exec(plan)
 
 
+# The signal the child gets when the supervisor dies. With a pid namespace SIGKILL: the
+# namespace dies with its init. Without one the child is its processes' subreaper and
+# catches this one to kill them before it exits (stage.c: kill_tree; child.py likewise).
+PARENT_GONE = 64  # SIGRTMAX
+
+
+def parent_death_signal(plan: RunPlan) -> int:
+    return 9 if plan.pid_namespace else PARENT_GONE
+
+
 def _exec(plan: RunPlan) -> bytes:
     p = Program()
     env = [f"{k}={v}" for k, v in plan.env.items()]
@@ -129,7 +139,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
     p.op("s")
     p.op("n", "sandboxrun-init")
     p.step("pdeathsig")
-    p.op("d", 9)
+    p.op("d", parent_death_signal(plan))
     p.step("namespaces")
     now = plan.unshare_flags & ~CLONE_NEWCGROUP
     if template:
@@ -177,7 +187,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
         p.op("B", 1)
     p.step("capabilities")
     p.op("Z")
-    p.op("d", 9)  # the kernel clears the parent-death signal when credentials change
+    p.op("d", parent_death_signal(plan))  # the kernel clears the parent-death signal when credentials change
     p.step("no_new_privs")
     p.op("p")
     if plan.landlock != "off":

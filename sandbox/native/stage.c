@@ -19,6 +19,7 @@
    Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
    4-byte little-endian length, its bytes and a NUL. Numbers travel as decimal text. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -479,10 +480,111 @@ static void load_seccomp(struct op *op) {
 
 static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
+static volatile sig_atomic_t pending_signal, parent_gone;
+
+/* No pid namespace: our parent-death signal (ops.py PARENT_GONE), caught so that the run's
+   processes are killed before we go; with SIGKILL they would be orphaned out of reach. */
+#define PARENT_GONE 64
+static void on_parent_gone(int sig) { (void)sig; parent_gone = 1; }
+
 static void forward(int sig) {
     int e = errno;
-    kill(-1, sig);  /* every process we may signal in this pid namespace */
+    if (getpid() == 1)
+        kill(-1, sig);  /* every process we may signal in this pid namespace */
+    else
+        pending_signal = sig;  /* no pid namespace: kill(-1) would reach every process of the uid on the
+                                  host; the loop signals our descendants instead (signal_tree) */
     errno = e;
+}
+
+/* Without a pid namespace (the nested profile) the run's processes are found as the
+   descendants of this process, which is their child subreaper: an orphan of the run, a
+   double-forked daemon's included, is reparented to us, never to the host's init. Each
+   is signalled through a pidfd whose parent is checked after it was opened, so a pid
+   that an exited process left to an unrelated one is never signalled. Returns how many
+   were signalled. */
+static int signal_tree(int sig) {
+    size_t cap = 1024, n = 0;
+    pid_t *pid = malloc(cap * sizeof *pid), *ppid = malloc(cap * sizeof *ppid);
+    DIR *d = opendir("/proc");
+    if (!pid || !ppid || !d) {
+        free(pid); free(ppid);
+        if (d) closedir(d);
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t len = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (len <= 0) continue;
+        buf[len] = 0;
+        char *rp = strrchr(buf, ')');  /* the name may hold spaces and parentheses */
+        char state;
+        int parent;
+        if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2 || state == 'Z' || state == 'X') continue;
+        if (n == cap) {
+            cap *= 2;
+            pid_t *a = realloc(pid, cap * sizeof *pid), *b = realloc(ppid, cap * sizeof *ppid);
+            if (!a || !b) { free(a ? a : pid); free(b ? b : ppid); closedir(d); return 0; }
+            pid = a; ppid = b;
+        }
+        pid[n] = atoi(e->d_name);
+        ppid[n++] = parent;
+    }
+    closedir(d);
+    /* breadth first from us: a process is ours when its parent is */
+    char *ours = calloc(n ? n : 1, 1);
+    int sent = 0, grew = 1;
+    pid_t me = getpid();
+    while (ours && grew) {
+        grew = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (ours[i]) continue;
+            int mine = ppid[i] == me;
+            for (size_t j = 0; !mine && j < n; j++) mine = ours[j] && pid[j] == ppid[i];
+            if (mine) { ours[i] = 1; grew = 1; }
+        }
+    }
+    for (size_t i = 0; ours && i < n; i++) {
+        if (!ours[i]) continue;
+        int pfd = (int)syscall(SYS_pidfd_open, pid[i], 0);
+        if (pfd < 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid[i]);
+        int fd = open(path, O_RDONLY | O_CLOEXEC), parent = -1;
+        ssize_t len = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0) close(fd);
+        if (len > 0) {
+            buf[len] = 0;
+            char *rp = strrchr(buf, ')'), state;
+            if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2) parent = -1;
+        }
+        int still = parent == me;  /* the pidfd holds this very process: is it still one of ours? */
+        for (size_t j = 0; !still && parent > 0 && j < n; j++) still = ours[j] && pid[j] == parent;
+        if (still && syscall(SYS_pidfd_send_signal, pfd, sig, NULL, 0) == 0) sent++;
+        close(pfd);
+    }
+    free(ours); free(pid); free(ppid);
+    return sent;
+}
+
+/* The command has exited and there is no pid namespace to end the rest: kill our
+   descendants until none is left, reaping them (their CPU time then counts in ours). No
+   child left means no descendant either (orphans come to us): then nothing is scanned. */
+static void kill_tree(void) {
+    for (int round = 0; round < 200; round++) {  /* ~2 s: a process we may not signal cannot hold us */
+        pid_t r;
+        while ((r = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {}
+        if (r < 0 && errno == ECHILD) return;
+        signal_tree(SIGKILL);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static volatile sig_atomic_t gave_up;
@@ -557,6 +659,8 @@ static void exec_command(struct op *op) {
     const char *path = find_executable(argv[0], op->a[3].s, buf, sizeof buf);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (getpid() != 1)  /* no pid namespace: the run's orphans come to us, not to the host's init */
+        CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER");
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
@@ -594,16 +698,29 @@ static void exec_command(struct op *op) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = forward;
     for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &sa, NULL);
+    if (getpid() != 1) {
+        sa.sa_handler = on_parent_gone;
+        sigaction(PARENT_GONE, &sa, NULL);
+    }
     sigprocmask(SIG_SETMASK, &old, NULL);
     for (;;) {
         int status;
         pid_t got = waitpid(-1, &status, 0);
         if (got < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR) {
+                if (parent_gone) {  /* nobody is left to report to: end the run, then ourselves */
+                    kill_tree();
+                    _exit(0);
+                }
+                int sig = pending_signal;
+                pending_signal = 0;
+                if (sig) signal_tree(sig);
+                continue;
+            }
             _exit(0);
         }
         if (got == pid) {
-            if (getpid() == 1) reap_the_rest();
+            if (getpid() == 1) reap_the_rest(); else kill_tree();
             struct rusage ru;
             getrusage(RUSAGE_CHILDREN, &ru);
             report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
