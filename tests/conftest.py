@@ -77,3 +77,11 @@ def py(code: str) -> list[str]:
 
 def marker() -> str:
     return f"sbxmark{os.getpid()}x{threading.get_ident() % 100000}x{os.urandom(3).hex()}"
+
+
+def end_marked(mark: str) -> None:
+    """After a failed test: SIGKILL what it started and tagged with `mark`, by pid."""
+    from sandbox import leaks
+
+    for proc in leaks.marked(mark):
+        os.kill(proc.pid, 9)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import marker
+from conftest import end_marked, marker
 
 import sandbox
 from sandbox import leaks
@@ -517,88 +517,84 @@ def test_nested_without_a_cgroup_leaves_no_daemon_behind(private_tmp: Path) -> N
 OWNER_UID = 4246  # an unprivileged directory owner, outside the per-run uid range
 
 
-def _owned_workdir(base: Path) -> Path:
-    work = base / "owned"
+def _nested_as_owner(work: Path, path: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of a CLI nested run in `work` (so as its owner), without a
+    cgroup, on the native stage or the Python child."""
+    return ([sys.executable, "-m", "sandbox", "--json", "--profile", "nested", "--cwd", str(work), *args],
+            env(SANDBOXRUN_CGROUP="none", SANDBOXRUN_NATIVE="1" if path == "native" else "0"))
+
+
+@pytest.fixture
+def owned(tmp_path: Path) -> tuple[str, Path]:
+    """A mark for the test's processes and a workdir owned by OWNER_UID (root callers only)."""
+    if os.geteuid() != 0:
+        pytest.skip("runs as a directory's owner for root callers")
+    work = tmp_path / "owned"
     work.mkdir()
-    base.chmod(0o755)
+    tmp_path.chmod(0o755)
     os.chown(work, OWNER_UID, OWNER_UID)
-    return work
+    return marker(), work
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
-def test_nested_run_as_a_directory_owner_without_a_cgroup_leaves_no_daemon(tmp_path: Path, path: str) -> None:
+def test_nested_run_as_a_directory_owner_without_a_cgroup_leaves_no_daemon(owned: tuple[str, Path],
+                                                                           path: str) -> None:
     # A nested --cwd run runs as the directory's owner: its uid is shared with that user, so
     # it cannot be what finds the run's daemons. The child is their subreaper instead.
-    if os.geteuid() != 0:
-        pytest.skip("runs as a directory's owner for root callers")
-    mark = marker()
-    work = _owned_workdir(tmp_path)
+    mark, work = owned
     daemon = f"(setsid bash -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 &); sleep 0.2; echo started"
+    argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", daemon)
     try:
-        p = subprocess.run([sys.executable, "-m", "sandbox", "--json", "--profile", "nested", "--cwd", str(work),
-                            "--", "bash", "-c", daemon],
-                           env=env(SANDBOXRUN_CGROUP="none", SANDBOXRUN_NATIVE="1" if path == "native" else "0"),
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
         res = json.loads(p.stdout)
         assert res["status"] == "ok" and res["stdout"] == "started\n" and res["isolation"]["cgroup"] == "none", res
         assert res["isolation"]["uid"] == OWNER_UID, res["isolation"]
         assert leaks.marked(mark) == []
     finally:
-        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
-            os.kill(proc.pid, 9)
+        end_marked(mark)
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
-def test_nested_timeout_signals_the_run_and_nothing_else_of_its_uid(tmp_path: Path, path: str) -> None:
+def test_nested_timeout_signals_the_run_and_nothing_else_of_its_uid(owned: tuple[str, Path], path: str) -> None:
     # Without a pid namespace, kill(-1) reaches every process of the uid: a directory
     # owner's own shell and editor. Signals go to the run's processes only, and a run that
     # ignores SIGTERM is killed tree first, so nothing of it is orphaned out of reach.
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to start the owner's own process")
-    mark, own = marker(), marker()
-    work = _owned_workdir(tmp_path)
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to start the owner's own process")
+    (mark, work), own = owned, marker()
     bystander = subprocess.Popen(["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_UID}", "--clear-groups",
                                   "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
     stubborn = (f"trap '' TERM; (setsid bash -c \"trap '' TERM; exec -a {mark} sleep 1000\" > /dev/null 2>&1 &); "
                 "sleep 30")
+    argv, environ = _nested_as_owner(work, path, "--timeout", "1", "--", "bash", "-c", stubborn)
     try:
         wait_marked(own, count=1)
-        p = subprocess.run([sys.executable, "-m", "sandbox", "--json", "--profile", "nested", "--cwd", str(work),
-                            "--timeout", "1", "--", "bash", "-c", stubborn],
-                           env=env(SANDBOXRUN_CGROUP="none", SANDBOXRUN_NATIVE="1" if path == "native" else "0"),
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
         res = json.loads(p.stdout)
         assert res["status"] == "timeout" and res["signal"] == "SIGKILL", res
         assert bystander.poll() is None, "the owner's own process was signalled"
         assert leaks.marked(mark) == []
     finally:
-        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
-            os.kill(proc.pid, 9)
+        end_marked(mark)
         bystander.kill()
         bystander.wait()
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
-def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(tmp_path: Path, path: str) -> None:
+def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tuple[str, Path], path: str) -> None:
     # SIGKILLed, the supervisor cannot kill the run; its child, the run's subreaper, gets
     # a parent-death signal it catches (not SIGKILL) and kills its descendants first.
-    if os.geteuid() != 0:
-        pytest.skip("runs as a directory's owner for root callers")
-    mark = marker()
-    work = _owned_workdir(tmp_path)
+    mark, work = owned
     cmd = f"(setsid bash -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 &); exec -a {mark}b sleep 1000"
-    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--profile", "nested", "--cwd", str(work), "--",
-                          "bash", "-c", cmd],
-                         env=env(SANDBOXRUN_CGROUP="none", SANDBOXRUN_NATIVE="1" if path == "native" else "0"),
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", cmd)
+    p = subprocess.Popen(argv, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_marked(mark, count=2)
         p.kill()
         p.wait()
         assert_gone_within(mark, 10, "the supervisor was SIGKILLed")
     finally:
-        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
-            os.kill(proc.pid, 9)
+        end_marked(mark)
 
 def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> None:
     # A supervisor SIGKILLed during a nested run without a cgroup leaves the run's processes

@@ -399,7 +399,7 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
     """No namespace at all: the run is the user's own uid, as are the user's shell and the
     supervisor itself. A timeout must end the run's processes (a daemon that ignores
     SIGTERM included) and nothing else of the user: kill(-1) would take them all."""
-    from conftest import marker
+    from conftest import end_marked, marker
 
     from sandbox import leaks
 
@@ -417,7 +417,6 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
         assert bystander.poll() is None, "the user's own process was signalled"
         assert leaks.marked(mark) == []
     finally:
-        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
-            os.kill(proc.pid, 9)
+        end_marked(mark)
         bystander.kill()
         bystander.wait()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import marker
+from conftest import end_marked, marker
 
 import sandbox
 from sandbox import leaks, sessions
@@ -153,8 +153,7 @@ def test_kill_of_a_nested_owner_session_without_a_cgroup_ends_its_daemons(
         assert res is not None and res.status == "signaled" and res.isolation.cgroup == "none", res
         assert leaks.marked(mark) == []
     finally:
-        for proc in leaks.marked(mark):  # only if the test failed: ours, by pid
-            os.kill(proc.pid, 9)
+        end_marked(mark)
         s.clear()
 
 def test_sigterm_to_the_monitor_ends_the_run_in_order(contained) -> None:
