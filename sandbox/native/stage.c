@@ -537,20 +537,22 @@ static int signal_tree(int sig) {
         ppid[n++] = parent;
     }
     closedir(d);
-    /* breadth first from us: a process is ours when its parent is */
-    char *ours = calloc(n ? n : 1, 1);
+    /* from us outwards, one pass a generation: a process is ours when its parent is (a
+       bitmap by pid: PID_MAX_LIMIT is 2^22, so 512 KiB) */
+    unsigned char *mine = calloc(1 << 19, 1), *ours = calloc(n ? n : 1, 1);
     int sent = 0, grew = 1;
     pid_t me = getpid();
-    while (ours && grew) {
+#define MINE(p) ((p) > 0 && (p) < (1 << 22) && (mine[(p) >> 3] >> ((p) & 7) & 1))
+    while (mine && ours && grew) {
         grew = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (ours[i]) continue;
-            int mine = ppid[i] == me;
-            for (size_t j = 0; !mine && j < n; j++) mine = ours[j] && pid[j] == ppid[i];
-            if (mine) { ours[i] = 1; grew = 1; }
-        }
+        for (size_t i = 0; i < n; i++)
+            if (!ours[i] && pid[i] < (1 << 22) && (ppid[i] == me || MINE(ppid[i]))) {
+                ours[i] = 1;
+                mine[pid[i] >> 3] |= (unsigned char)(1 << (pid[i] & 7));
+                grew = 1;
+            }
     }
-    for (size_t i = 0; ours && i < n; i++) {
+    for (size_t i = 0; mine && ours && i < n; i++) {
         if (!ours[i]) continue;
         int pfd = (int)syscall(SYS_pidfd_open, pid[i], 0);
         if (pfd < 0) continue;
@@ -564,12 +566,12 @@ static int signal_tree(int sig) {
             char *rp = strrchr(buf, ')'), state;
             if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2) parent = -1;
         }
-        int still = parent == me;  /* the pidfd holds this very process: is it still one of ours? */
-        for (size_t j = 0; !still && parent > 0 && j < n; j++) still = ours[j] && pid[j] == parent;
+        int still = parent == me || MINE(parent);  /* the pidfd holds this very process: still ours? */
         if (still && syscall(SYS_pidfd_send_signal, pfd, sig, NULL, 0) == 0) sent++;
         close(pfd);
     }
-    free(ours); free(pid); free(ppid);
+#undef MINE
+    free(mine); free(ours); free(pid); free(ppid);
     return sent;
 }
 
