@@ -35,11 +35,13 @@ import resource
 import signal
 import time
 
+from .isolation import proctree
 from .plan import RunPlan
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # Python ignores these; the command must start with the defaults.
 SPAWN_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED)
+_HELD = {*FORWARDED, 64}  # and PARENT_GONE: blocked across the spawn (child_main, init_loop)
 
 
 CHILD_MODULES = ("isolation.syscalls", "isolation.filesystem", "isolation.identity", "isolation.landlock",
@@ -250,11 +252,13 @@ def _spawn(plan: RunPlan) -> int:
     path = find_executable(plan.argv[0], plan.env.get("PATH", "/usr/bin:/bin"))
     try:
         if plan.pty:  # same session (we own the terminal), own foreground process group
-            pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS)
+            pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS,
+                                 setsigmask=())
             os.tcsetpgrp(0, pid)
             os.killpg(pid, signal.SIGCONT)  # in case it stopped on SIGTTIN/SIGTTOU before that
             return pid
-        return os.posix_spawn(path, plan.argv, plan.env, setsid=True, setsigdef=SPAWN_DEFAULT_SIGNALS)
+        return os.posix_spawn(path, plan.argv, plan.env, setsid=True, setsigdef=SPAWN_DEFAULT_SIGNALS,
+                              setsigmask=())
     except OSError as e:
         err = e.errno or 0
         what = {2: "command not found", 13: "permission denied", 8: "exec format error",
@@ -277,9 +281,8 @@ _WALL = 0x40000000  # <linux/wait.h> __WALL: threads' and clone children too
 
 def signal_descendants(sig: int) -> int:
     """Without a pid namespace (the nested profile) the run's processes are this process's
-    descendants: it is their child subreaper, so orphans (double-forked daemons) come to it.
-    kill(-1) would reach every process of the uid on the host. psutil checks each process's
-    start time before signalling it, so a recycled pid is never signalled. How many were."""
+    descendants (isolation/proctree.py): kill(-1) would reach every process of the uid on
+    the host. How many were signalled."""
     if not _PROC_SEES_US:
         # Our pid namespace is a rootless fork server's, which holds only its caller's runs;
         # /proc (the host's) cannot show our descendants there: every process we may signal.
@@ -288,34 +291,23 @@ def signal_descendants(sig: int) -> int:
         except OSError:
             pass
         return 0
-    import psutil
-
-    sent = 0
-    try:
-        procs = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            p.send_signal(sig)
-            sent += 1
-        except psutil.Error:
-            pass
-    return sent
+    return proctree.signal_tree(os.getpid(), sig)
 
 
-def kill_descendants(rounds: int = 200) -> None:
-    """Kill and reap every descendant, until this process has no child left (~2 s at most)."""
+def kill_descendants(seconds: float = 1.0) -> None:
+    """Kill and reap every descendant, until this process has no child left (or `seconds`
+    have passed: a result is never held up long for a process that keeps moving)."""
     if not _PROC_SEES_US:
         return  # (see signal_descendants): not without a /proc that shows them
-    for _ in range(rounds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         try:
             while os.waitpid(-1, os.WNOHANG | _WALL)[0] > 0:
                 pass
         except ChildProcessError:
             return  # no child: no descendant either (orphans come to us)
         signal_descendants(signal.SIGKILL)
-        time.sleep(0.01)
+        time.sleep(0.002)
 
 
 def init_loop(main_pid: int, report_fd: int) -> None:
@@ -340,6 +332,7 @@ def init_loop(main_pid: int, report_fd: int) -> None:
         signal.signal(s, forward)
     if not pid1:
         signal.signal(PARENT_GONE, parent_gone)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # (blocked since before the spawn)
     while True:
         try:
             pid, status, ru = os.wait4(-1, 0)
@@ -357,15 +350,8 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
     """Entry point in the forked child. Never returns."""
     try:
         if not plan.pid_namespace:
-            # What finds the run's processes at its end (signal_descendants), imported and run
-            # once now: after setup this process may not read the interpreter's own files.
             global _PROC_SEES_US
-            import psutil
-
-            try:
-                psutil.Process().children(recursive=True)
-            except psutil.Error:  # a rootless fork server's pid namespace, which /proc does not show
-                _PROC_SEES_US = False
+            _PROC_SEES_US = proctree.visible()
         trace: dict[str, float] = {}
         setup(plan, report_fd, cgroup_fds, trace)
         if plan.pty:
@@ -377,6 +363,9 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
             import prctl
 
             prctl.set_child_subreaper(1)
+        # Held from before the spawn until init_loop has its handlers: by default a parent-death
+        # signal or a SIGTERM there would end us and leave the command to the host's init.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
         t = time.perf_counter()
         pid = _spawn(plan)
         if plan.trace:

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import math
 import os
+import select
 import selectors
 import shlex
 import signal
@@ -667,26 +668,20 @@ def _send(launched: Launched, sig: int) -> None:
 
 
 def kill_run(pid: int, pidfd: int, own_tree: bool) -> None:
-    """SIGKILL a run's child (`pid`, which the caller has not reaped, and its `pidfd`).
-    `own_tree` (no pid namespace): the child is its processes' child subreaper, so they are
-    all its descendants; they go first, since once it is dead its orphans would be
+    """SIGKILL a run's child (`pid`, and its `pidfd`). `own_tree` (no pid namespace): the
+    child is its processes' child subreaper, so they are all its descendants
+    (isolation/proctree.py); they go first, since once it is dead its orphans would be
     reparented away from it (to the host's init), out of reach."""
     if own_tree:
-        import psutil
+        from .isolation import proctree
 
-        for _ in range(50):
-            try:  # unreaped, the child's pid cannot be another process's yet
-                procs = psutil.Process(pid).children(recursive=True)
-            except psutil.Error:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            # Only while the child runs: once it has exited (and maybe been reaped by another
+            # thread) its pid may be another process's, whose children are not the run's.
+            if select.select([pidfd], [], [], 0)[0] or not proctree.signal_tree(pid, signal.SIGKILL):
                 break
-            if not procs:
-                break
-            for p in procs:
-                try:
-                    p.kill()  # psutil checks the start time: never a recycled pid
-                except psutil.Error:
-                    pass
-            time.sleep(0.01)
+            time.sleep(0.002)
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:

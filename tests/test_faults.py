@@ -596,6 +596,105 @@ def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tu
     finally:
         end_marked(mark)
 
+
+ZOMBIE_LEADER = """
+import ctypes, os, threading, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open("leader.pid", "w") as f:
+            f.write(str(os.getpid()))
+        threading.Thread(target=time.sleep, args=(60,)).start()
+        ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: this thread only; /proc says Z, the rest runs on
+    os._exit(0)
+os.wait()
+time.sleep(0.3)
+print("parent done")
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive: not a zombie, or a zombie leader whose other threads still run."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return not fields["State"].strip().startswith("Z") or int(fields["Threads"]) > 1
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_daemon_whose_leader_thread_exited_is_still_killed(owned: tuple[str, Path], path: str) -> None:
+    # /proc/PID/stat reads Z once the leader's own thread exits, while its other threads
+    # run on: the walk of the run's tree must not take it (or its children) for dead.
+    _mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--", "python3", "-c", ZOMBIE_LEADER)
+    p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    pid = int((work / "leader.pid").read_text())
+    try:
+        res = json.loads(p.stdout)
+        assert res["status"] == "ok" and res["stdout"] == "parent done\n", res
+        assert not _running(pid), f"{pid} outlived the run"
+    finally:
+        if _running(pid):  # only if the test failed: ours, by pid
+            os.kill(pid, 9)
+
+
+def test_the_python_child_holds_signals_until_its_handlers_are_in_place(
+        owned: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The child's parent-death signal (caught: it kills the run's processes first) and the
+    # forwarded ones are held from before the spawn until their handlers are in place; by
+    # default they would end the child and leave the command to the host's init. The
+    # window is widened here: the child waits 0.5 s before its loop takes over.
+    from sandbox import child, supervisor
+
+    mark, work = owned
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "0")
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    monkeypatch.setattr(cgroups, "_backend", None)
+    monkeypatch.setattr(cgroups, "_backend_error", None)
+    monkeypatch.setattr(supervisor, "_one_shot", True)  # fork the child from here, with the patch
+    monkeypatch.setattr(supervisor, "_direct", None)
+    real = child.init_loop
+
+    def late(main_pid: int, report_fd: int) -> None:
+        time.sleep(0.5)
+        real(main_pid, report_fd)
+
+    monkeypatch.setattr(child, "init_loop", late)
+    try:
+        r = sandbox.run(["bash", "-c", f"kill -64 $PPID; exec -a {mark} sleep 5"], profile="nested", cwd=work,
+                        timeout=10)
+        assert r.isolation is None or r.isolation.cgroup == "none", r
+        assert leaks.marked(mark) == []
+    finally:
+        end_marked(mark)
+
+
+def test_a_zombie_leader_with_live_threads_counts_as_alive_for_the_uid_sweep() -> None:
+    # kill_processes_of and sweep_orphans skip zombies (dead already); a leader whose own
+    # thread exited reads Z too, but its other threads run on: that one is alive.
+    from sandbox.isolation.uids import _uids_of
+
+    leader = os.fork()
+    if leader == 0:  # pragma: no cover - the child
+        import ctypes
+
+        threading.Thread(target=time.sleep, args=(30,)).start()
+        ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: this thread only
+    dead = os.fork()
+    if dead == 0:  # pragma: no cover - the child
+        os._exit(0)
+    try:
+        assert wait_until(lambda: Path(f"/proc/{leader}/stat").read_text().split(") ")[1][0] == "Z", 10)
+        assert wait_until(lambda: Path(f"/proc/{dead}/stat").read_text().split(") ")[1][0] == "Z", 10)
+        assert _uids_of(str(leader)) == (os.getuid(),) * 4
+        assert _uids_of(str(dead)) == ()
+    finally:
+        os.kill(leader, 9)
+        os.waitpid(leader, 0)
+        os.waitpid(dead, 0)
+
 def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> None:
     # A supervisor SIGKILLed during a nested run without a cgroup leaves the run's processes
     # behind, under its uid: the next such run kills them (taking the uid's lock to do it).

@@ -103,14 +103,15 @@ def allocate() -> Lease:
 
 
 def _uids_of(pid: str) -> tuple[int, ...]:
-    """The process's uids (real, effective, saved, fs); none for a zombie, already dead."""
+    """The process's uids (real, effective, saved, fs); none for a zombie, already dead. A
+    leader whose own thread exited also reads Z while its other threads run: alive."""
     with open(f"/proc/{pid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
-                return ()
-            if line.startswith(b"Uid:"):
-                return tuple(int(x) for x in line.split()[1:])
-    return ()
+        fields = dict(line.split(b":", 1) for line in f if b":" in line)
+    state, threads = fields.get(b"State", b"").split()[:1], fields.get(b"Threads", b"1").strip()
+    if state in ([b"Z"], [b"X"]) and threads in (b"", b"0", b"1"):
+        return ()
+    uids = fields.get(b"Uid", b"").split()
+    return tuple(int(x) for x in uids)
 
 
 def in_range(uid: int) -> bool:

@@ -480,7 +480,7 @@ static void load_seccomp(struct op *op) {
 
 static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
-static volatile sig_atomic_t pending_signal, parent_gone;
+static volatile sig_atomic_t pending_signals, parent_gone;  /* pending: a bit per forwarded signal */
 
 /* No pid namespace: our parent-death signal (ops.py PARENT_GONE), caught so that the run's
    processes are killed before we go; with SIGKILL they would be orphaned out of reach. */
@@ -492,8 +492,8 @@ static void forward(int sig) {
     if (getpid() == 1)
         kill(-1, sig);  /* every process we may signal in this pid namespace */
     else
-        pending_signal = sig;  /* no pid namespace: kill(-1) would reach every process of the uid on the
-                                  host; the loop signals our descendants instead (signal_tree) */
+        pending_signals |= 1 << sig;  /* no pid namespace: kill(-1) would reach every process of the uid
+                                         on the host; the loop signals our descendants (signal_tree) */
     errno = e;
 }
 
@@ -526,7 +526,8 @@ static int signal_tree(int sig) {
         char *rp = strrchr(buf, ')');  /* the name may hold spaces and parentheses */
         char state;
         int parent;
-        if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2 || state == 'Z' || state == 'X') continue;
+        /* zombies too: a leader whose own thread exited reads Z while its other threads run */
+        if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2) continue;
         if (n == cap) {
             cap *= 2;
             pid_t *a = realloc(pid, cap * sizeof *pid), *b = realloc(ppid, cap * sizeof *ppid);
@@ -706,19 +707,20 @@ static void exec_command(struct op *op) {
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     for (;;) {
+        if (parent_gone) {  /* nobody is left to report to: end the run, then ourselves */
+            kill_tree();
+            _exit(0);
+        }
+        if (pending_signals) {  /* (checked before each wait as well: one may come between two) */
+            int bits = pending_signals;
+            pending_signals = 0;
+            for (int sig = 1; sig < 32; sig++)
+                if (bits & (1 << sig)) signal_tree(sig);
+        }
         int status;
         pid_t got = waitpid(-1, &status, 0);
         if (got < 0) {
-            if (errno == EINTR) {
-                if (parent_gone) {  /* nobody is left to report to: end the run, then ourselves */
-                    kill_tree();
-                    _exit(0);
-                }
-                int sig = pending_signal;
-                pending_signal = 0;
-                if (sig) signal_tree(sig);
-                continue;
-            }
+            if (errno == EINTR) continue;
             _exit(0);
         }
         if (got == pid) {
