@@ -36,12 +36,12 @@ import signal
 import time
 
 from .isolation import proctree
-from .plan import RunPlan
+from .plan import PARENT_GONE, RunPlan
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # Python ignores these; the command must start with the defaults.
 SPAWN_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED)
-_HELD = {*FORWARDED, 64}  # and PARENT_GONE: blocked across the spawn (child_main, init_loop)
+_HELD = {*FORWARDED, PARENT_GONE, signal.SIGCHLD}  # blocked from before the spawn, taken by init_loop
 
 
 CHILD_MODULES = ("isolation.syscalls", "isolation.filesystem", "isolation.identity", "isolation.landlock",
@@ -234,6 +234,9 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         if landlock_rs >= 0:
             mark("landlock_enforce")  # ...and enforced once no_new_privs is set
             landlock.enforce(landlock_rs)
+            # Signals and abstract sockets only within the run (ABI 6). The native stage gives
+            # the command a domain of its own, below the stage's; here the child shares it.
+            landlock.scope(abi)
         if plan.seccomp_bpf:
             mark("seccomp")
             from .isolation.seccomp import load_bpf
@@ -266,7 +269,6 @@ def _spawn(plan: RunPlan) -> int:
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
 
 
-PARENT_GONE = 64  # SIGRTMAX: the parent-death signal without a pid namespace (native/ops.py)
 
 
 def _parent_death_signal(plan: RunPlan) -> int:
@@ -312,38 +314,39 @@ def kill_descendants(seconds: float = 1.0) -> None:
 
 def init_loop(main_pid: int, report_fd: int) -> None:
     """PID 1 duties: forward signals to everything, reap orphans, report the main exit.
-    Without a pid namespace: the same for this process's descendants only."""
+    Without a pid namespace: the same for this process's descendants only.
+
+    The signals acted on (and SIGCHLD) are blocked since before the spawn and taken one at a
+    time with sigwaitinfo: no work runs in a handler, so a flood of them cannot nest scans
+    until a RecursionError, and none slips in between a check and a wait."""
     pid1 = os.getpid() == 1
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            if pid1:
-                os.kill(-1, signum)  # every process we may signal in this pid namespace
-            else:
-                signal_descendants(signum)
-        except OSError:
-            pass
-
-    def parent_gone(_signum: int, _frame: object) -> None:  # nobody is left to report to
-        kill_descendants()
-        os._exit(0)
-
-    for s in FORWARDED:
-        signal.signal(s, forward)
-    if not pid1:
-        signal.signal(PARENT_GONE, parent_gone)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # (blocked since before the spawn)
     while True:
-        try:
-            pid, status, ru = os.wait4(-1, 0)
-        except ChildProcessError:
+        sig = signal.sigwaitinfo(_HELD).si_signo
+        if sig == PARENT_GONE and not pid1:  # nobody is left to report to
+            kill_descendants()
             os._exit(0)
-        if pid == main_pid:
-            if not pid1:
-                kill_descendants()
-            total = resource.getrusage(resource.RUSAGE_CHILDREN)
-            _report(report_fd, f"X {status} {total.ru_utime:.6f} {total.ru_stime:.6f} {total.ru_maxrss}")
-            os._exit(0)  # the kernel now kills whatever is left in the namespace
+        if sig in FORWARDED:
+            if pid1:
+                try:
+                    os.kill(-1, sig)  # every process we may signal in this pid namespace
+                except OSError:
+                    pass
+            else:
+                signal_descendants(sig)
+            continue
+        while True:  # SIGCHLD: every child that has exited
+            try:
+                pid, status, _ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == main_pid:
+                if not pid1:
+                    kill_descendants()
+                total = resource.getrusage(resource.RUSAGE_CHILDREN)
+                _report(report_fd, f"X {status} {total.ru_utime:.6f} {total.ru_stime:.6f} {total.ru_maxrss}")
+                os._exit(0)  # the kernel now kills whatever is left in the namespace
 
 
 def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
@@ -363,8 +366,8 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
             import prctl
 
             prctl.set_child_subreaper(1)
-        # Held from before the spawn until init_loop has its handlers: by default a parent-death
-        # signal or a SIGTERM there would end us and leave the command to the host's init.
+        # Held from before the spawn, for init_loop to take: by default a parent-death signal or
+        # a SIGTERM would end us and leave the command to the host's init.
         signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
         t = time.perf_counter()
         pid = _spawn(plan)

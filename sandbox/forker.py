@@ -343,7 +343,7 @@ def serve(fd: int) -> None:
     # would orphan out of reach) before it exits. Then SIGKILL (a pid namespace dies with it).
     import time
 
-    from .child import PARENT_GONE
+    from .plan import PARENT_GONE
 
     for pid in list(own_tree):
         try:

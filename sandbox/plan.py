@@ -9,6 +9,11 @@ from __future__ import annotations
 from .isolation.filesystem import ViewSpec
 from .record import field, record
 
+# The child's parent-death signal when there is no pid namespace (SIGRTMAX): it takes it, to
+# kill the run's processes, its descendants, before it exits (stage.c, child.py); with a pid
+# namespace SIGKILL, since the namespace dies with its init.
+PARENT_GONE = 64
+
 
 @record
 class RunPlan:

@@ -29,7 +29,7 @@ from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
 from .output import Capture
-from .plan import RunPlan
+from .plan import PARENT_GONE, RunPlan
 from .profile import Profile
 from .record import field, record, replace
 from .result import Isolation, Result, Usage
@@ -670,17 +670,23 @@ def _send(launched: Launched, sig: int) -> None:
 def kill_run(pid: int, pidfd: int, own_tree: bool) -> None:
     """SIGKILL a run's child (`pid`, and its `pidfd`). `own_tree` (no pid namespace): the
     child is its processes' child subreaper, so they are all its descendants
-    (isolation/proctree.py); they go first, since once it is dead its orphans would be
-    reparented away from it (to the host's init), out of reach."""
+    (isolation/proctree.py), and killing it first would orphan them out of reach. It is
+    told to end them itself (its parent-death signal, PARENT_GONE, which it takes) while we
+    kill what we find too, until it has exited or a second has passed; then SIGKILL."""
     if own_tree:
         from .isolation import proctree
 
+        try:
+            signal.pidfd_send_signal(pidfd, PARENT_GONE)
+        except OSError:
+            pass
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             # Only while the child runs: once it has exited (and maybe been reaped by another
             # thread) its pid may be another process's, whose children are not the run's.
-            if select.select([pidfd], [], [], 0)[0] or not proctree.signal_tree(pid, signal.SIGKILL):
+            if select.select([pidfd], [], [], 0)[0]:
                 break
+            proctree.signal_tree(pid, signal.SIGKILL)
             time.sleep(0.002)
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)

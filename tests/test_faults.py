@@ -695,6 +695,91 @@ def test_a_zombie_leader_with_live_threads_counts_as_alive_for_the_uid_sweep() -
         os.waitpid(leader, 0)
         os.waitpid(dead, 0)
 
+
+def _landlock_scopes() -> bool:
+    from sandbox.isolation import landlock
+
+    return landlock.abi_version() >= 6
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_nested_run_cannot_signal_other_processes_of_its_uid(owned: tuple[str, Path], path: str) -> None:
+    # No pid namespace, and the run is the directory owner's uid: without Landlock's signal
+    # scope (ABI 6) `kill -TERM -1` from the command ends the owner's shell and editor.
+    if not _landlock_scopes():
+        pytest.skip("Landlock ABI 6 (signal scoping) is not on this kernel")
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to start the owner's own process")
+    _mark, work = owned
+    own = marker()
+    bystander = subprocess.Popen(["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_UID}", "--clear-groups",
+                                  "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
+    try:
+        wait_marked(own, count=1)
+        cmd = f"trap '' TERM; kill -TERM -1; kill -0 {bystander.pid} 2>/dev/null && echo reached || echo refused"
+        argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", cmd)
+        res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
+                                        timeout=60).stdout)
+        assert res["status"] in ("ok", "nonzero_exit") and res["stdout"] == "refused\n", res
+        assert bystander.poll() is None, "the owner's own process was signalled from the run"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+FLOOD = """
+import os, signal, time
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # forwarded back to us by the child
+parent, end = os.getppid(), time.time() + 2.5
+while time.time() < end:
+    try:
+        os.kill(parent, signal.SIGUSR1)
+    except PermissionError:  # Landlock's signal scope: the native stage is out of reach
+        pass
+print("done")
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_flood_of_signals_at_the_child_changes_nothing(owned: tuple[str, Path], path: str) -> None:
+    # Forwarded signals are taken one at a time in the child's loop, never handled by a
+    # handler that scans /proc: a flood once nested those scans until a RecursionError.
+    _mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--timeout", "20", "--", "python3", "-c", FLOOD)
+    res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
+                                    timeout=60).stdout)
+    assert res["status"] == "ok" and res["stdout"] == "done\n", res
+
+
+WALKER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+end = time.time() + 8
+if os.fork() == 0:  # a process that keeps moving: fork, and the parent exits
+    os.setsid()
+    while time.time() < end:
+        if os.fork():
+            os._exit(0)
+    os._exit(0)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_timed_out_run_that_keeps_forking_is_ended_on_time(owned: tuple[str, Path], path: str) -> None:
+    # On timeout the child is told to end its descendants itself while the supervisor kills
+    # what it finds too; a single empty scan once made the supervisor kill the child first.
+    mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--timeout", "1", "--", "python3", "-c", WALKER, mark)
+    try:
+        res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
+                                        timeout=60).stdout)
+        assert res["status"] == "timeout", res
+        assert res["duration_ms"] < 3500, res["duration_ms"]  # timeout 1 s + grace 1 s + the kill
+        assert leaks.marked(mark) == []
+    finally:
+        end_marked(mark)
+
 def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> None:
     # A supervisor SIGKILLed during a nested run without a cgroup leaves the run's processes
     # behind, under its uid: the next such run kills them (taking the uid's lock to do it).

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-__all__ = ["ACCESS_FILE", "ACCESS_READ_ONLY", "abi_version", "handled_access", "restrict"]
+__all__ = ["ACCESS_FILE", "ACCESS_READ_ONLY", "abi_version", "handled_access", "restrict", "scope"]
 
 # Same numbers on x86_64 and aarch64 (and every arch using the generic syscall table).
 _SYS_CREATE_RULESET = 444
@@ -129,6 +129,30 @@ def enforce(rs: int) -> None:
             raise _fail("landlock_restrict_self")
     finally:
         os.close(rs)
+
+
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # LANDLOCK_SCOPE_* (ABI 6)
+
+
+def scope(abi: int) -> bool:
+    """Put the caller in a further domain that may signal, and reach abstract unix sockets
+    of, only its own processes (ABI 6; False below, where there is nothing to scope). Without
+    a pid namespace this is what keeps a run from signalling every other process of its uid.
+    Needs no_new_privs (or CAP_SYS_ADMIN)."""
+    if abi < 6:
+        return False
+    fn, c, _ = _syscall()
+
+    class _ScopedAttr(c.Structure):  # struct landlock_ruleset_attr, ABI 6
+        _fields_ = [("handled_access_fs", c.c_uint64), ("handled_access_net", c.c_uint64),
+                    ("scoped", c.c_uint64)]
+
+    attr = _ScopedAttr(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+    rs = fn(c.c_long(_SYS_CREATE_RULESET), c.byref(attr), c.c_size_t(c.sizeof(attr)), c.c_uint32(0))
+    if rs < 0:
+        raise _fail("landlock_create_ruleset (scoped)")
+    enforce(rs)
+    return True
 
 
 def prepare(read_only: Sequence[str], read_write: Sequence[str], *, abi: int | None = None) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import struct
 from ..isolation.filesystem import DEVICES, ViewOps, ViewSpec, template_ops, view_ops
 from ..isolation.rlimits import NAMES as RLIMIT_NUMBERS
 from ..isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNET, CLONE_NEWNS
-from ..plan import RunPlan
+from ..plan import PARENT_GONE, RunPlan
 
 # Fixed fd numbers in the stage (see stage.c).
 CGROUP_FD = 6  # the supervisor's "joined" message (v2)
@@ -107,12 +107,6 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0,
             _compiled.clear()
         _compiled[key] = steps
     return steps + _exec(plan)
-
-
-# The signal the child gets when the supervisor dies. With a pid namespace SIGKILL: the
-# namespace dies with its init. Without one the child is its processes' subreaper and
-# catches this one to kill them before it exits (stage.c: kill_tree; child.py likewise).
-PARENT_GONE = 64  # SIGRTMAX
 
 
 def parent_death_signal(plan: RunPlan) -> int:

@@ -82,6 +82,7 @@ static struct timespec step_start;
 static int slots[MAX_SLOTS];
 static int run_uid = -1, run_gid = -1;
 static int landlock_rs = -1;
+static long landlock_abi;  /* of this kernel, once the profile asked for Landlock ('a') */
 
 static void report(const char *fmt, ...) {
     char buf[4096];
@@ -441,6 +442,7 @@ static void landlock_prepare(struct op *op) {
         report("A landlock=0");
         return;
     }
+    landlock_abi = abi;
     uint64_t handled = ll_handled(abi);
     landlock_rs = syscall(SYS_LANDLOCK_CREATE_RULESET, &handled, sizeof handled, 0);
     CHECK(landlock_rs, "landlock_create_ruleset");
@@ -480,22 +482,13 @@ static void load_seccomp(struct op *op) {
 
 static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
-static volatile sig_atomic_t pending_signals, parent_gone;  /* pending: a bit per forwarded signal */
-
-/* No pid namespace: our parent-death signal (ops.py PARENT_GONE), caught so that the run's
-   processes are killed before we go; with SIGKILL they would be orphaned out of reach. */
+/* No pid namespace: our parent-death signal (ops.py PARENT_GONE), taken (not SIGKILL) so that
+   the run's processes are killed before we go; with SIGKILL they would be orphaned out of reach. */
 #define PARENT_GONE 64
-static void on_parent_gone(int sig) { (void)sig; parent_gone = 1; }
+#define LL_SCOPE_ABSTRACT_UNIX_SOCKET 1
+#define LL_SCOPE_SIGNAL 2
 
-static void forward(int sig) {
-    int e = errno;
-    if (getpid() == 1)
-        kill(-1, sig);  /* every process we may signal in this pid namespace */
-    else
-        pending_signals |= 1 << sig;  /* no pid namespace: kill(-1) would reach every process of the uid
-                                         on the host; the loop signals our descendants (signal_tree) */
-    errno = e;
-}
+static volatile int exec_scope_failed;
 
 /* Without a pid namespace (the nested profile) the run's processes are found as the
    descendants of this process, which is their child subreaper: an orphan of the run, a
@@ -671,6 +664,19 @@ static void exec_command(struct op *op) {
     pid_t pid = vfork();
     if (pid == 0) {
         if (pty) setpgid(0, 0); else setsid();
+        if (landlock_abi >= 6) {
+            /* A domain of the command's own, scoped: it may signal (and reach abstract sockets
+               of) its own processes only, not ours nor, without a pid namespace, every other
+               process of its uid on the host; we, in the domain above, still signal it. */
+            struct { uint64_t fs, net, scoped; } attr = {0, 0, LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL};
+            int rs = (int)syscall(SYS_LANDLOCK_CREATE_RULESET, &attr, sizeof attr, 0);
+            if (rs < 0 || syscall(SYS_LANDLOCK_RESTRICT_SELF, rs, 0) < 0) {
+                exec_errno = errno ? errno : EPERM;
+                exec_scope_failed = 1;
+                _exit(127);
+            }
+            close(rs);
+        }
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -682,6 +688,7 @@ static void exec_command(struct op *op) {
     if (exec_errno) {
         int err = exec_errno;
         waitpid(pid, NULL, 0);
+        if (exec_scope_failed) fail(err, "landlock scope for the command: %s", strerror(err));
         const char *what = err == 2 ? "command not found" : err == 13 ? "permission denied"
                          : err == 8 ? "exec format error" : err == 21 ? "is a directory"
                          : err == 7 ? "argument list too long" : strerror(err);
@@ -697,39 +704,50 @@ static void exec_command(struct op *op) {
         report("T%s", trace_buf);
     }
     report("S %d", pid);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = forward;
-    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaction(forwarded[i], &sa, NULL);
-    if (getpid() != 1) {
-        sa.sa_handler = on_parent_gone;
-        sigaction(PARENT_GONE, &sa, NULL);
-    }
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    /* The signals we act on stay blocked and are taken one at a time with sigwaitinfo, child
+       exits (SIGCHLD) with them: none can slip in between a check and a wait, and no work is
+       done in a handler. */
+    sigset_t waited = old;
+    sigemptyset(&waited);
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaddset(&waited, forwarded[i]);
+    sigaddset(&waited, SIGCHLD);
+    if (getpid() != 1) sigaddset(&waited, PARENT_GONE);
+    sigset_t mask = old;
+    for (int s = 1; s < NSIG; s++)
+        if (sigismember(&waited, s)) sigaddset(&mask, s);
+    sigprocmask(SIG_SETMASK, &mask, NULL);
     for (;;) {
-        if (parent_gone) {  /* nobody is left to report to: end the run, then ourselves */
-            kill_tree();
-            _exit(0);
-        }
-        if (pending_signals) {  /* (checked before each wait as well: one may come between two) */
-            int bits = pending_signals;
-            pending_signals = 0;
-            for (int sig = 1; sig < 32; sig++)
-                if (bits & (1 << sig)) signal_tree(sig);
-        }
-        int status;
-        pid_t got = waitpid(-1, &status, 0);
-        if (got < 0) {
+        int sig = sigwaitinfo(&waited, NULL);
+        if (sig < 0) {
             if (errno == EINTR) continue;
             _exit(0);
         }
-        if (got == pid) {
-            if (getpid() == 1) reap_the_rest(); else kill_tree();
-            struct rusage ru;
-            getrusage(RUSAGE_CHILDREN, &ru);
-            report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
-                   (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec, ru.ru_maxrss);
-            _exit(0);  /* the kernel now kills whatever is left in the namespace */
+        if (sig == PARENT_GONE) {  /* nobody is left to report to: end the run, then ourselves */
+            kill_tree();
+            _exit(0);
+        }
+        if (sig != SIGCHLD) {
+            if (getpid() == 1)
+                kill(-1, sig);  /* every process we may signal in this pid namespace */
+            else
+                signal_tree(sig);  /* no pid namespace: kill(-1) would reach every process of the uid on
+                                      the host; our descendants instead */
+            continue;
+        }
+        for (;;) {
+            int status;
+            pid_t got = waitpid(-1, &status, WNOHANG);
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) _exit(0);  /* no child left */
+            if (got == 0) break;
+            if (got == pid) {
+                if (getpid() == 1) reap_the_rest(); else kill_tree();
+                struct rusage ru;
+                getrusage(RUSAGE_CHILDREN, &ru);
+                report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
+                       (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec, ru.ru_maxrss);
+                _exit(0);  /* the kernel now kills whatever is left in the namespace */
+            }
         }
     }
 }
