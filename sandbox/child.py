@@ -234,9 +234,8 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         if landlock_rs >= 0:
             mark("landlock_enforce")  # ...and enforced once no_new_privs is set
             landlock.enforce(landlock_rs)
-            # Signals and abstract sockets only within the run (ABI 6). The native stage gives
-            # the command a domain of its own, below the stage's; here the child shares it.
-            landlock.scope(abi)
+            global _SCOPE_ABI
+            _SCOPE_ABI = abi  # the command's own scoped domain, made at the spawn (_spawn_scoped)
         if plan.seccomp_bpf:
             mark("seccomp")
             from .isolation.seccomp import load_bpf
@@ -251,9 +250,60 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         raise StepError(step[0], 0, f"{type(e).__name__}: {e}") from None
 
 
+_SCOPE_ABI = 0  # Landlock's ABI where the command gets a scoped domain of its own (>= 6)
+
+
+def _spawn_scoped(path: str, plan: RunPlan) -> int:
+    """fork, then in the child alone: its session, a Landlock domain of its own that may signal
+    (and reach the abstract sockets of) only its own processes, so neither us nor, without a
+    pid namespace, any other process of its uid; then exec. An error comes back on a pipe."""
+    from .isolation import landlock
+
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the command's side
+        what = b"E"
+        try:
+            os.close(r)
+            if plan.pty:
+                os.setpgid(0, 0)
+            else:
+                os.setsid()
+            what = b"S"
+            landlock.scope(_SCOPE_ABI)
+            what = b"E"
+            for sig in SPAWN_DEFAULT_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            os.execve(path, plan.argv, plan.env)
+        except OSError as e:
+            os.write(w, what + str(e.errno or 0).encode())
+        except BaseException:  # noqa: BLE001 - never return into the child's own code
+            os.write(w, what + b"0")
+        os._exit(127)
+    os.close(w)
+    try:
+        said = os.read(r, 64)
+    finally:
+        os.close(r)
+    if said:
+        os.waitpid(pid, 0)
+        err = int(said[1:] or b"0")
+        if said[:1] == b"S":
+            raise StepError("landlock_scope", err, f"landlock scope for the command: {os.strerror(err)}")
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
 def _spawn(plan: RunPlan) -> int:
     path = find_executable(plan.argv[0], plan.env.get("PATH", "/usr/bin:/bin"))
     try:
+        if _SCOPE_ABI >= 6:
+            pid = _spawn_scoped(path, plan)
+            if plan.pty:
+                os.tcsetpgrp(0, pid)
+                os.killpg(pid, signal.SIGCONT)
+            return pid
         if plan.pty:  # same session (we own the terminal), own foreground process group
             pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS,
                                  setsigmask=())

@@ -716,11 +716,14 @@ def test_a_nested_run_cannot_signal_other_processes_of_its_uid(owned: tuple[str,
                                   "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
     try:
         wait_marked(own, count=1)
-        cmd = f"trap '' TERM; kill -TERM -1; kill -0 {bystander.pid} 2>/dev/null && echo reached || echo refused"
+        # ... nor its own child (the stage, or the Python child), whose death would orphan the
+        # run's processes out of reach: the command's domain is its own, below the child's.
+        cmd = (f"trap '' TERM; kill -TERM -1; for p in {bystander.pid} $PPID; do "
+               "kill -0 $p 2>/dev/null && echo reached || echo refused; done")
         argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", cmd)
         res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
                                         timeout=60).stdout)
-        assert res["status"] in ("ok", "nonzero_exit") and res["stdout"] == "refused\n", res
+        assert res["status"] in ("ok", "nonzero_exit") and res["stdout"] == "refused\nrefused\n", res
         assert bystander.poll() is None, "the owner's own process was signalled from the run"
     finally:
         bystander.kill()

@@ -688,7 +688,11 @@ static void exec_command(struct op *op) {
     if (exec_errno) {
         int err = exec_errno;
         waitpid(pid, NULL, 0);
-        if (exec_scope_failed) fail(err, "landlock scope for the command: %s", strerror(err));
+        if (exec_scope_failed) {  /* a setup step of its own, not the command failing to start */
+            snprintf(step, sizeof step, "landlock_scope");
+            sub[0] = 0;
+            fail(err, "landlock scope for the command: %s", strerror(err));
+        }
         const char *what = err == 2 ? "command not found" : err == 13 ? "permission denied"
                          : err == 8 ? "exec format error" : err == 21 ? "is a directory"
                          : err == 7 ? "argument list too long" : strerror(err);
