@@ -319,8 +319,6 @@ def _spawn(plan: RunPlan) -> int:
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
 
 
-
-
 def _parent_death_signal(plan: RunPlan) -> int:
     """With a pid namespace SIGKILL (the namespace dies with its init); without one a signal
     we catch, to kill our descendants first (init_loop)."""

@@ -27,7 +27,7 @@ import sys
 import threading
 
 from .isolation.syscalls import CLONE_NEWPID, setns, unshare
-from .plan import RunPlan
+from .plan import PARENT_GONE, RunPlan
 from .record import record
 
 TYPE_CHECKING = False
@@ -342,8 +342,6 @@ def serve(fd: int) -> None:
     # catches PARENT_GONE and kills its own descendants (the run's processes, which SIGKILL
     # would orphan out of reach) before it exits. Then SIGKILL (a pid namespace dies with it).
     import time
-
-    from .plan import PARENT_GONE
 
     for pid in list(own_tree):
         try:
