@@ -39,8 +39,9 @@ from .isolation import proctree
 from .plan import PARENT_GONE, RunPlan
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-# Python ignores these; the command must start with the defaults.
-SPAWN_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED)
+# The command starts with every signal at its default: Python ignores SIGPIPE and SIGXFSZ,
+# and a caller may ignore others (ignored signals survive exec).
+SPAWN_DEFAULT_SIGNALS = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
 _HELD = {*FORWARDED, PARENT_GONE, signal.SIGCHLD}  # blocked from before the spawn, taken by init_loop
 
 
@@ -273,13 +274,16 @@ def _spawn_scoped(path: str, plan: RunPlan) -> int:
             landlock.scope(_SCOPE_ABI)
             what = b"E"
             for sig in SPAWN_DEFAULT_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
             signal.pthread_sigmask(signal.SIG_SETMASK, ())
             os.execve(path, plan.argv, plan.env)
         except OSError as e:
             os.write(w, what + str(e.errno or 0).encode())
         except BaseException:  # noqa: BLE001 - never return into the child's own code
-            os.write(w, what + b"0")
+            os.write(w, what + str(errno.EINVAL).encode())
         os._exit(127)
     os.close(w)
     try:
@@ -295,20 +299,28 @@ def _spawn_scoped(path: str, plan: RunPlan) -> int:
     return pid
 
 
+def _foreground(pid: int) -> None:
+    """Make the command's group the terminal's foreground. Never fatal once it runs: it may
+    have left its group already, and a failure here must not leave it behind unattended."""
+    try:
+        os.tcsetpgrp(0, pid)
+        os.killpg(pid, signal.SIGCONT)  # in case it stopped on SIGTTIN/SIGTTOU before that
+    except OSError:
+        pass
+
+
 def _spawn(plan: RunPlan) -> int:
     path = find_executable(plan.argv[0], plan.env.get("PATH", "/usr/bin:/bin"))
     try:
         if _SCOPE_ABI >= 6:
             pid = _spawn_scoped(path, plan)
             if plan.pty:
-                os.tcsetpgrp(0, pid)
-                os.killpg(pid, signal.SIGCONT)
+                _foreground(pid)
             return pid
         if plan.pty:  # same session (we own the terminal), own foreground process group
             pid = os.posix_spawn(path, plan.argv, plan.env, setpgroup=0, setsigdef=SPAWN_DEFAULT_SIGNALS,
                                  setsigmask=())
-            os.tcsetpgrp(0, pid)
-            os.killpg(pid, signal.SIGCONT)  # in case it stopped on SIGTTIN/SIGTTOU before that
+            _foreground(pid)
             return pid
         return os.posix_spawn(path, plan.argv, plan.env, setsid=True, setsigdef=SPAWN_DEFAULT_SIGNALS,
                               setsigmask=())

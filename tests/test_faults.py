@@ -783,6 +783,20 @@ def test_a_timed_out_run_that_keeps_forking_is_ended_on_time(owned: tuple[str, P
     finally:
         end_marked(mark)
 
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_the_command_starts_with_no_signal_ignored_or_blocked(path: str) -> None:
+    # Ignored signals survive exec: neither a caller's (here SIGALRM, SIGTSTP, SIGWINCH) nor
+    # glibc's own two, which its posix_spawn leaves ignored in the stage it starts.
+    code = ("import signal, sandbox\n"
+            "for s in (signal.SIGALRM, signal.SIGTSTP, signal.SIGWINCH):\n"
+            "    signal.signal(s, signal.SIG_IGN)\n"
+            "r = sandbox.run(['grep', '-E', '^Sig(Ign|Blk)', '/proc/self/status'])\n"
+            "print(r.stdout, end='')\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], (p.stdout, p.stderr[-500:])
+
 def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> None:
     # A supervisor SIGKILLed during a nested run without a cgroup leaves the run's processes
     # behind, under its uid: the next such run kills them (taking the uid's lock to do it).

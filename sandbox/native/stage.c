@@ -607,8 +607,12 @@ static void reset_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
+    uint64_t raw[4] = {0, 0, 0, 0};  /* struct kernel_sigaction, all zero: SIG_DFL, no flags, empty mask */
     for (int s = 1; s < NSIG; s++)
-        if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
+        if (s != SIGKILL && s != SIGSTOP && sigaction(s, &sa, NULL) < 0)
+            /* glibc refuses its own signals (32, 33), which its posix_spawn left ignored for us:
+               ignored signals survive exec, and the command must start with none */
+            syscall(SYS_rt_sigaction, s, raw, NULL, 8);
 }
 
 static char **split(const struct arg *a, int *count) {
