@@ -36,7 +36,7 @@ import signal
 import time
 
 from .isolation import proctree
-from .plan import PARENT_GONE, RunPlan
+from .plan import PARENT_GONE, RunPlan, parent_death_signal
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # The command starts with every signal at its default: Python ignores SIGPIPE and SIGXFSZ,
@@ -140,7 +140,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         prctl.set_name("sandboxrun-init")
         prctl.set_proctitle("sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
         mark("pdeathsig")
-        prctl.set_pdeathsig(_parent_death_signal(plan))  # (getppid() is 0 here: the parent is outside our pid ns)
+        prctl.set_pdeathsig(parent_death_signal(plan))  # (getppid() is 0 here: the parent is outside our pid ns)
         mark("namespaces")
         from .isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNS, unshare
 
@@ -229,7 +229,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("capabilities")
         identity.clear_capabilities()
         # The kernel clears the parent-death signal when credentials change: arm it again.
-        prctl.set_pdeathsig(_parent_death_signal(plan))
+        prctl.set_pdeathsig(parent_death_signal(plan))
         mark("no_new_privs")
         identity.no_new_privs()
         if landlock_rs >= 0:
@@ -329,12 +329,6 @@ def _spawn(plan: RunPlan) -> int:
         what = {2: "command not found", 13: "permission denied", 8: "exec format error",
                 21: "is a directory", 7: "argument list too long"}.get(err, os.strerror(err))
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
-
-
-def _parent_death_signal(plan: RunPlan) -> int:
-    """With a pid namespace SIGKILL (the namespace dies with its init); without one a signal
-    we catch, to kill our descendants first (init_loop)."""
-    return signal.SIGKILL if plan.pid_namespace else PARENT_GONE
 
 
 _PROC_SEES_US = True  # /proc shows this process (not so in a rootless fork server's pid namespace)

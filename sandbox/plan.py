@@ -40,3 +40,8 @@ class RunPlan:
     view_template: int = -1  # forker's fd of a prepared mount namespace to copy (see filesystem.py)
     parent_pid: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+
+
+def parent_death_signal(plan: RunPlan) -> int:
+    """The child's parent-death signal: SIGKILL with a pid namespace, else PARENT_GONE."""
+    return 9 if plan.pid_namespace else PARENT_GONE

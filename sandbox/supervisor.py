@@ -694,10 +694,6 @@ def kill_run(pid: int, pidfd: int, own_tree: bool) -> None:
         pass
 
 
-def _kill(launched: Launched, own_tree: bool) -> None:
-    kill_run(launched.pid, launched.pidfd, own_tree)
-
-
 def _drain_report(rep_r: int, report: _Report) -> None:
     """The report lines left in the pipe once the child is gone (or killed): never waits."""
     while True:
@@ -747,7 +743,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     kill_at = now + lim.kill_grace
                 if kill_at is not None and now >= kill_at:
                     report.killed = True
-                    _kill(launched, own_tree)  # the pid namespace dies with its init
+                    kill_run(launched.pid, launched.pidfd, own_tree)  # the pid namespace dies with its init
                     if cg is not None:
                         cg.kill_all()
                     kill_at = now + 0.5
@@ -802,7 +798,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         if stdin_w >= 0:
             os.close(stdin_w)
         if exited_at is None:
-            _kill(launched, own_tree)
+            kill_run(launched.pid, launched.pidfd, own_tree)
         if not watch_report:
             _drain_report(rep_r, report)
         rusage = launched.reap()

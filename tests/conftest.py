@@ -3,10 +3,13 @@ unless a real sandbox proves the layers they rely on (pid namespace, cgroup limi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +80,33 @@ def py(code: str) -> list[str]:
 
 def marker() -> str:
     return f"sbxmark{os.getpid()}x{threading.get_ident() % 100000}x{os.urandom(3).hex()}"
+
+
+@contextlib.contextmanager
+def bystander(uid: int, gid: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A process of `uid` started outside any sandbox (a user's own shell, say), running once
+    the block starts; killed, by pid, when it ends. A test asserts it was never signalled."""
+    import shutil
+
+    from sandbox import leaks
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to start another user's process")
+    own = marker()
+    proc = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid if gid is None else gid}", "--clear-groups",
+                             "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(p.cmdline.startswith(own) for p in leaks.marked(own)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# A run's command that ignores SIGTERM and leaves a daemon, tagged with MARK, ignoring it too.
+STUBBORN = "trap '' TERM; (setsid bash -c \"trap '' TERM; exec -a {mark} sleep 1000\" > /dev/null 2>&1 &); sleep 30"
 
 
 def end_marked(mark: str) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import end_marked, marker
+from conftest import STUBBORN, bystander, end_marked, marker
 
 import sandbox
 from sandbox import leaks
@@ -559,25 +559,17 @@ def test_nested_timeout_signals_the_run_and_nothing_else_of_its_uid(owned: tuple
     # Without a pid namespace, kill(-1) reaches every process of the uid: a directory
     # owner's own shell and editor. Signals go to the run's processes only, and a run that
     # ignores SIGTERM is killed tree first, so nothing of it is orphaned out of reach.
-    if shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv to start the owner's own process")
-    (mark, work), own = owned, marker()
-    bystander = subprocess.Popen(["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_UID}", "--clear-groups",
-                                  "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
-    stubborn = (f"trap '' TERM; (setsid bash -c \"trap '' TERM; exec -a {mark} sleep 1000\" > /dev/null 2>&1 &); "
-                "sleep 30")
-    argv, environ = _nested_as_owner(work, path, "--timeout", "1", "--", "bash", "-c", stubborn)
-    try:
-        wait_marked(own, count=1)
-        p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
-        res = json.loads(p.stdout)
-        assert res["status"] == "timeout" and res["signal"] == "SIGKILL", res
-        assert bystander.poll() is None, "the owner's own process was signalled"
-        assert leaks.marked(mark) == []
-    finally:
-        end_marked(mark)
-        bystander.kill()
-        bystander.wait()
+    mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--timeout", "1", "--", "bash", "-c", STUBBORN.format(mark=mark))
+    with bystander(OWNER_UID) as own:
+        try:
+            p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
+            res = json.loads(p.stdout)
+            assert res["status"] == "timeout" and res["signal"] == "SIGKILL", res
+            assert own.poll() is None, "the owner's own process was signalled"
+            assert leaks.marked(mark) == []
+        finally:
+            end_marked(mark)
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
@@ -708,26 +700,17 @@ def test_a_nested_run_cannot_signal_other_processes_of_its_uid(owned: tuple[str,
     # scope (ABI 6) `kill -TERM -1` from the command ends the owner's shell and editor.
     if not _landlock_scopes():
         pytest.skip("Landlock ABI 6 (signal scoping) is not on this kernel")
-    if shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv to start the owner's own process")
     _mark, work = owned
-    own = marker()
-    bystander = subprocess.Popen(["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_UID}", "--clear-groups",
-                                  "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
-    try:
-        wait_marked(own, count=1)
+    with bystander(OWNER_UID) as own:
         # ... nor its own child (the stage, or the Python child), whose death would orphan the
         # run's processes out of reach: the command's domain is its own, below the child's.
-        cmd = (f"trap '' TERM; kill -TERM -1; for p in {bystander.pid} $PPID; do "
+        cmd = (f"trap '' TERM; kill -TERM -1; for p in {own.pid} $PPID; do "
                "kill -0 $p 2>/dev/null && echo reached || echo refused; done")
         argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", cmd)
         res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
                                         timeout=60).stdout)
         assert res["status"] in ("ok", "nonzero_exit") and res["stdout"] == "refused\nrefused\n", res
-        assert bystander.poll() is None, "the owner's own process was signalled from the run"
-    finally:
-        bystander.kill()
-        bystander.wait()
+        assert own.poll() is None, "the owner's own process was signalled from the run"
 
 
 FLOOD = """

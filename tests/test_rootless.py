@@ -399,24 +399,19 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
     """No namespace at all: the run is the user's own uid, as are the user's shell and the
     supervisor itself. A timeout must end the run's processes (a daemon that ignores
     SIGTERM included) and nothing else of the user: kill(-1) would take them all."""
-    from conftest import end_marked, marker
+    from conftest import STUBBORN, bystander, end_marked, marker
 
     from sandbox import leaks
 
-    mark, own = marker(), marker()
-    bystander = subprocess.Popen(["setpriv", f"--reuid={tree.uid}", f"--regid={tree.gid}", "--clear-groups",
-                                  "bash", "-c", f"exec -a {own} sleep 1000"], start_new_session=True)
-    stubborn = (f"trap '' TERM; (setsid bash -c \"trap '' TERM; exec -a {mark} sleep 1000\" > /dev/null 2>&1 &); "
-                "sleep 30")
-    try:
-        cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--json", "--profile", "nested", "--timeout", "1", "--",
-                           "bash", "-c", stubborn])
-        assert cp.returncode == 124, (cp.returncode, cp.stderr[-2000:])  # not 130: the CLI was not signalled
-        res = json.loads(cp.stdout)
-        assert res["status"] == "timeout" and res["isolation"]["namespaces"] == [], res
-        assert bystander.poll() is None, "the user's own process was signalled"
-        assert leaks.marked(mark) == []
-    finally:
-        end_marked(mark)
-        bystander.kill()
-        bystander.wait()
+    mark = marker()
+    with bystander(tree.uid, tree.gid) as own:
+        try:
+            cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--json", "--profile", "nested", "--timeout", "1", "--",
+                               "bash", "-c", STUBBORN.format(mark=mark)])
+            assert cp.returncode == 124, (cp.returncode, cp.stderr[-2000:])  # not 130: the CLI was not signalled
+            res = json.loads(cp.stdout)
+            assert res["status"] == "timeout" and res["isolation"]["namespaces"] == [], res
+            assert own.poll() is None, "the user's own process was signalled"
+            assert leaks.marked(mark) == []
+        finally:
+            end_marked(mark)

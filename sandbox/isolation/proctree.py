@@ -7,8 +7,8 @@ to it, so the run's processes are exactly its descendants. This module finds the
 `/proc` and signals them the way stage.c's signal_tree does (the Python child, the
 supervisor and the session monitor use it):
 
-* the whole of `/proc` is read first and the tree grown from the root, a generation a
-  pass; zombies are kept in it, since a leader whose own thread exited reads Z while its
+* the whole of `/proc` is read first and the tree walked from the root (leaks.py reads
+  more of each process, for its reports); zombies are kept in it, since a leader whose own thread exited reads Z while its
   other threads (and its children) run on;
 * each process is signalled through a pidfd, after its parent has been read again through
   that pidfd's process: a pid that an exited process left to an unrelated one is never
@@ -45,23 +45,21 @@ def visible() -> bool:
 
 
 def descendants(root: int) -> set[int]:
-    """Every process below `root` now (zombies included)."""
-    parents: dict[int, int] = {}
+    """Every process below `root` now (zombies included), from one read of /proc."""
+    children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             ppid = _ppid(int(name))
             if ppid >= 0:
-                parents[int(name)] = ppid
-    ours = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
-    ours.discard(root)
-    return ours
+                children.setdefault(ppid, []).append(int(name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            if pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return found
 
 
 def signal_tree(root: int, sig: int) -> int:

@@ -14,7 +14,7 @@ import struct
 from ..isolation.filesystem import DEVICES, ViewOps, ViewSpec, template_ops, view_ops
 from ..isolation.rlimits import NAMES as RLIMIT_NUMBERS
 from ..isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNET, CLONE_NEWNS
-from ..plan import PARENT_GONE, RunPlan
+from ..plan import RunPlan, parent_death_signal
 
 # Fixed fd numbers in the stage (see stage.c).
 CGROUP_FD = 6  # the supervisor's "joined" message (v2)
@@ -107,10 +107,6 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0,
             _compiled.clear()
         _compiled[key] = steps
     return steps + _exec(plan)
-
-
-def parent_death_signal(plan: RunPlan) -> int:
-    return 9 if plan.pid_namespace else PARENT_GONE
 
 
 def _exec(plan: RunPlan) -> bytes:
