@@ -251,6 +251,18 @@ def _host_busy_s() -> float:
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _quiesce(limit_s: float = 5.0) -> None:
+    """Until the host is idle (under 5% busy over 100 ms), at most `limit_s`: the kernel tears
+    namespaces and cgroups down in worker threads after their runs have returned, and one
+    mode's backlog must not be charged to the next."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        busy, t = _host_busy_s(), time.monotonic()
+        time.sleep(0.1)
+        if (_host_busy_s() - busy) / (time.monotonic() - t) / (os.cpu_count() or 1) < 0.05:
+            return
+
+
 def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str], bwrap: str | None,
                expected_ok: int) -> list[Case]:
     bw = [[bwrap, *BWRAP_STRICT, *a] for a in argvs] if bwrap else []
@@ -274,6 +286,7 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
         _run_many(argvs[: workers * 2], workers)  # warm: fork server, page cache
         for r in range(mode.rounds):
             for name in _rotated(list(modes), r):
+                _quiesce()
                 t, busy = time.perf_counter(), _host_busy_s()
                 ok = modes[name][1]()
                 rate = len(argvs) / (time.perf_counter() - t)

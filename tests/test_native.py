@@ -7,6 +7,7 @@ on the same probes, so neither path can drift from the other unnoticed.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import struct
 
@@ -235,3 +236,26 @@ def test_ready_network_namespaces_own_small_socket_tables_and_leave_the_host_alo
     assert r.status == "ok" and r.stdout.split() == [str(CHILD_HASH_BUCKETS)] * 2, r
     with open(host) as f:
         assert f.read() == before
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None or "CC" in os.environ, reason="musl-gcc is not installed")
+def test_stage_is_linked_against_musl_where_musl_gcc_is_there() -> None:
+    """glibc's static start-up runs some 75 cpuid instructions (each a VM exit) on every run
+    of the stage; musl's runs none. A glibc build carries glibc's tunables parser."""
+    path = native.stage_path()
+    assert path is not None
+    with open(path, "rb") as f:
+        assert b"GLIBC_TUNABLES" not in f.read()
+
+
+def test_build_recipes_try_musl_then_the_system_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert native._recipes(str(tmp_path)) == [["cc", "-static"], ["cc"]]
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    first = native._recipes(str(tmp_path))[0]
+    if first[0] == "musl-gcc":  # with the kernel's headers, and only those, beside musl's
+        assert first == ["musl-gcc", "-static", "-isystem", str(tmp_path)]
+        assert sorted(os.listdir(tmp_path)) == ["asm", "asm-generic", "linux"]
+    monkeypatch.setenv("CC", "clang")
+    assert native._recipes(str(tmp_path)) == [["clang", "-static"], ["clang"]]
