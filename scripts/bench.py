@@ -7,7 +7,8 @@ Every goal is a ratio between two cases measured side by side in this one proces
 so a slow or noisy machine moves both sides. Latency cases are sampled round-robin
 (each round runs every case once, in a rotating order) after a warm-up, and the
 medians are compared. Throughput runs each mode over the same programs, in rotating
-order, and compares the median rates.
+order, each from a quiet host (the kernel's teardown of one mode's namespaces must not be
+charged to the next), and compares the median rates.
 
 Cases (every Python program runs the same interpreter, /usr/bin/python3 by default,
 so that a slow `python3` shim on PATH cannot skew one side):
