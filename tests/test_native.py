@@ -259,3 +259,37 @@ def test_build_recipes_try_musl_then_the_system_compiler(monkeypatch: pytest.Mon
         assert sorted(os.listdir(tmp_path)) == ["asm", "asm-generic", "linux"]
     monkeypatch.setenv("CC", "clang")
     assert native._recipes(str(tmp_path)) == [["clang", "-static"], ["clang"]]
+
+
+def _fake_compiler(tmp_path, name: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / name
+    fake.write_text(f"#!/bin/sh\necho '{name}: broken on purpose' >&2\nexit 1\n")
+    fake.chmod(0o755)
+
+
+def _build(tmp_path) -> bytes:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    dfd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        native._compile(dfd, "stage-test", str(cache))
+    finally:
+        os.close(dfd)
+    return (cache / "stage-test").read_bytes()
+
+
+def test_a_failing_musl_build_falls_back_to_the_system_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    _fake_compiler(tmp_path, "musl-gcc")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.delenv("CC", raising=False)
+    assert b"GLIBC_TUNABLES" in _build(tmp_path)  # cc built it
+
+
+def test_a_stage_no_compiler_can_build_names_what_was_tried(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    _fake_compiler(tmp_path, "broken-cc")
+    monkeypatch.setenv("CC", str(tmp_path / "bin" / "broken-cc"))
+    with pytest.raises(OSError, match=r"tried .*broken-cc\): broken-cc: broken on purpose"):
+        _build(tmp_path)
+    assert os.listdir(tmp_path / "cache") == []  # no half-written binary left

@@ -107,7 +107,8 @@ def _compile(dfd: int, name: str, cache: str) -> None:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
-    raise OSError(0, f"cannot build the native stage with {recipes[-1][0]}: {errors}")
+    tried = ", ".join(dict.fromkeys(r[0] for r in recipes))
+    raise OSError(0, f"cannot build the native stage (tried {tried}): {errors}")
 
 
 KEEP_BUILDS = 4  # of other sources: a process of another installed version may still spawn its own
