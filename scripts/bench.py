@@ -66,12 +66,13 @@ class Mode:
     rounds: int  # throughput rounds per mode
     cli_iterations: int
     drain_sizes: tuple[int, ...]
+    quiet_s: float = 5.0  # throughput: longest wait for a quiet host before each mode
 
 
 MODES = {
     "full": Mode(200, 10, 400, 3, 60, (MiB, 64 * MiB, 1024 * MiB)),
     "quick": Mode(30, 5, 200, 2, 20, (MiB, 64 * MiB, 1024 * MiB)),
-    "smoke": Mode(2, 1, 8, 1, 2, (MiB, 8 * MiB)),
+    "smoke": Mode(2, 1, 8, 1, 2, (MiB, 8 * MiB), quiet_s=0.5),
 }
 
 
@@ -287,7 +288,7 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
         _run_many(argvs[: workers * 2], workers)  # warm: fork server, page cache
         for r in range(mode.rounds):
             for name in _rotated(list(modes), r):
-                _quiesce()
+                _quiesce(mode.quiet_s)
                 t, busy = time.perf_counter(), _host_busy_s()
                 ok = modes[name][1]()
                 rate = len(argvs) / (time.perf_counter() - t)
