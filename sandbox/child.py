@@ -331,29 +331,30 @@ def _spawn(plan: RunPlan) -> int:
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
 
 
-_PROC_SEES_US = True  # /proc shows this process (not so in a rootless fork server's pid namespace)
+_PROC_PID: int | None = None  # our pid as /proc numbers it (not a rootless fork server's own numbering)
 _WALL = 0x40000000  # <linux/wait.h> __WALL: threads' and clone children too
 
 
 def signal_descendants(sig: int) -> int:
     """Without a pid namespace (the nested profile) the run's processes are this process's
     descendants (isolation/proctree.py): kill(-1) would reach every process of the uid on
-    the host. How many were signalled."""
-    if not _PROC_SEES_US:
-        # Our pid namespace is a rootless fork server's, which holds only its caller's runs;
-        # /proc (the host's) cannot show our descendants there: every process we may signal.
+    the host or, in a rootless fork server's pid namespace, every concurrent run of its
+    caller. How many were signalled."""
+    if _PROC_PID is None:
+        # No /proc shows us (none is mounted): nothing can find our descendants but
+        # kill(-1), which reaches every process we may signal.
         try:
             os.kill(-1, sig)
         except OSError:
             pass
         return 0
-    return proctree.signal_tree(os.getpid(), sig)
+    return proctree.signal_tree(_PROC_PID, sig)
 
 
 def kill_descendants(seconds: float = 1.0) -> None:
     """Kill and reap every descendant, until this process has no child left (or `seconds`
     have passed: a result is never held up long for a process that keeps moving)."""
-    if not _PROC_SEES_US:
+    if _PROC_PID is None:
         return  # (see signal_descendants): not without a /proc that shows them
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -407,8 +408,8 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
     """Entry point in the forked child. Never returns."""
     try:
         if not plan.pid_namespace:
-            global _PROC_SEES_US
-            _PROC_SEES_US = proctree.visible()
+            global _PROC_PID
+            _PROC_PID = proctree.proc_pid()
         trace: dict[str, float] = {}
         setup(plan, report_fd, cgroup_fds, trace)
         if plan.pty:

@@ -189,7 +189,9 @@ def _become_pid1() -> None:
 
 
 def host_pid(pidfd: int) -> int:
-    """The pid of a pidfd's process as seen from our pid namespace."""
+    """The pid of a pidfd's process as /proc numbers it: in the pid namespace that /proc
+    belongs to (ours, or the host's for a fork server in a pid namespace of its own);
+    -1 once it has exited."""
     with open(f"/proc/self/fdinfo/{pidfd}") as f:
         for line in f:
             if line.startswith("Pid:"):

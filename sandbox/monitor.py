@@ -310,7 +310,7 @@ class Monitor:
                 from .supervisor import kill_run
 
                 # the pid namespace dies with its init; without one, the init's descendants first
-                kill_run(self.pid, self.pidfd, own_tree="pid" not in self.prof.namespaces)
+                kill_run(self.pidfd, own_tree="pid" not in self.prof.namespaces)
 
     def _serve(self) -> None:
         assert self.sock is not None

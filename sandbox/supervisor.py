@@ -667,26 +667,31 @@ def _send(launched: Launched, sig: int) -> None:
         pass
 
 
-def kill_run(pid: int, pidfd: int, own_tree: bool) -> None:
-    """SIGKILL a run's child (`pid`, and its `pidfd`). `own_tree` (no pid namespace): the
-    child is its processes' child subreaper, so they are all its descendants
-    (isolation/proctree.py), and killing it first would orphan them out of reach. It is
-    told to end them itself (its parent-death signal, PARENT_GONE, which it takes) while we
-    kill what we find too, until it has exited or a second has passed; then SIGKILL."""
+def kill_run(pidfd: int, own_tree: bool) -> None:
+    """SIGKILL a run's child (its `pidfd`). `own_tree` (no pid namespace): the child is its
+    processes' child subreaper, so they are all its descendants (isolation/proctree.py),
+    and killing it first would orphan them out of reach. It is told to end them itself (its
+    parent-death signal, PARENT_GONE, which it takes) while we kill what we find too, until
+    it has exited or a second has passed; then SIGKILL."""
     if own_tree:
+        from .forker import host_pid
         from .isolation import proctree
 
         try:
             signal.pidfd_send_signal(pidfd, PARENT_GONE)
         except OSError:
             pass
+        try:
+            root = host_pid(pidfd)  # /proc's number for it, which is not ours where /proc is an ancestor's
+        except OSError:
+            root = -1
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
+        while root > 0 and time.monotonic() < deadline:
             # Only while the child runs: once it has exited (and maybe been reaped by another
             # thread) its pid may be another process's, whose children are not the run's.
             if select.select([pidfd], [], [], 0)[0]:
                 break
-            proctree.signal_tree(pid, signal.SIGKILL)
+            proctree.signal_tree(root, signal.SIGKILL)
             time.sleep(0.002)
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -743,7 +748,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     kill_at = now + lim.kill_grace
                 if kill_at is not None and now >= kill_at:
                     report.killed = True
-                    kill_run(launched.pid, launched.pidfd, own_tree)  # the pid namespace dies with its init
+                    kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
                     if cg is not None:
                         cg.kill_all()
                     kill_at = now + 0.5
@@ -798,7 +803,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         if stdin_w >= 0:
             os.close(stdin_w)
         if exited_at is None:
-            kill_run(launched.pid, launched.pidfd, own_tree)
+            kill_run(launched.pidfd, own_tree)
         if not watch_report:
             _drain_report(rep_r, report)
         rusage = launched.reap()

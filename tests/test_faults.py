@@ -573,6 +573,34 @@ def test_nested_timeout_signals_the_run_and_nothing_else_of_its_uid(owned: tuple
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
+def test_nested_runs_from_a_pid_namespace_whose_proc_is_the_hosts(owned: tuple[str, Path], path: str) -> None:
+    # A caller in a pid namespace of its own that kept the host's /proc (unshare --pid
+    # without --mount-proc): /proc numbers its processes otherwise than getpid() does. The
+    # run's tree must still be found by /proc's numbers and killed on timeout, while that
+    # namespace's init (a shell that outlives the CLI) would otherwise keep what escaped.
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--timeout", "1", "--", "bash", "-c", STUBBORN.format(mark=mark))
+    init = 'echo "$("$@")"; echo done; exec sleep 60'  # PID 1 of the namespace stays while we look
+    with bystander(OWNER_UID) as own:
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", init, "sh", *argv],
+                             env=environ, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None
+            out = "".join(iter(p.stdout.readline, "done\n"))
+            res = json.loads(out)
+            assert res["status"] == "timeout" and res["signal"] == "SIGKILL", res
+            assert own.poll() is None, "the owner's own process was signalled"
+            # (the namespace's sh and unshare carry the mark in their arguments; the daemon is named by it)
+            assert [q for q in leaks.marked(mark) if q.cmdline.startswith(mark)] == []
+        finally:
+            p.kill()
+            p.wait()
+            end_marked(mark)
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
 def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tuple[str, Path], path: str) -> None:
     # SIGKILLed, the supervisor cannot kill the run; its child, the run's subreaper, gets
     # a parent-death signal it catches (not SIGKILL) and kills its descendants first.

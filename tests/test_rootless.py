@@ -415,3 +415,38 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
             assert leaks.marked(mark) == []
         finally:
             end_marked(mark)
+
+
+_TWO_NESTED_RUNS = """
+import json, sys, threading
+import sandbox
+out = {}
+def run(name, cmd, timeout):
+    out[name] = sandbox.run(["bash", "-c", cmd], profile="nested", timeout=timeout).to_dict()
+a = threading.Thread(target=run, args=("a", sys.argv[1], 1))
+b = threading.Thread(target=run, args=("b", "sleep 3; echo survived", 20))
+b.start(); a.start(); a.join(); b.join()
+print(json.dumps({k: {"status": v["status"], "stdout": v["stdout"], "signal": v["signal"]} for k, v in out.items()}))
+"""
+
+
+def test_nested_library_runs_signal_only_their_own_processes(tree: Tree) -> None:
+    """A rootless library caller's fork server has a pid namespace of its own, which the
+    host's /proc it sees does not number: the run's child still finds its descendants there
+    (by the pids /proc gives them). One run's timeout must end its own processes, its
+    setsid daemon that ignores SIGTERM included, and leave a concurrent run of the same
+    caller alone: kill(-1) in that namespace would reach both."""
+    from conftest import STUBBORN, end_marked, marker
+
+    from sandbox import leaks
+
+    mark = marker()
+    try:
+        cp = tree.as_user([SYS_PYTHON, "-c", _TWO_NESTED_RUNS, STUBBORN.format(mark=mark)], timeout=60)
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        res = json.loads(cp.stdout)
+        assert res["a"]["status"] == "timeout", res
+        assert res["b"] == {"status": "ok", "stdout": "survived\n", "signal": None}, res
+        assert leaks.marked(mark) == []  # the daemon died with its run, not with the caller
+    finally:
+        end_marked(mark)

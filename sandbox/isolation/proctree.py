@@ -10,9 +10,14 @@ supervisor and the session monitor use it):
 * the whole of `/proc` is read first and the tree walked from the root (leaks.py reads
   more of each process, for its reports); zombies are kept in it, since a leader whose own thread exited reads Z while its
   other threads (and its children) run on;
-* each process is signalled through a pidfd, after its parent has been read again through
-  that pidfd's process: a pid that an exited process left to an unrelated one is never
-  signalled.
+* each process is signalled through a fd of its `/proc/<pid>` directory, which holds that
+  very process as a pidfd does (pidfd_send_signal takes either), after its parent has been
+  read again through that fd: a pid that an exited process left to an unrelated one is
+  never signalled;
+* pids are `/proc`'s own numbering, which is not the caller's where `/proc` belongs to an
+  ancestor pid namespace (a rootless fork server has one of its own and sees the host's
+  `/proc`): `proc_pid()` gives the root there, and a /proc fd, unlike `pidfd_open`, needs
+  no pid of the caller's namespace.
 """
 
 from __future__ import annotations
@@ -21,13 +26,7 @@ import os
 import signal
 
 
-def _ppid(pid: int) -> int:
-    """The parent of `pid` from /proc, or -1 (gone, or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(512)
-    except OSError:
-        return -1
+def _parse_ppid(data: bytes) -> int:
     rest = data[data.rfind(b")") + 1:].split()  # the name may hold spaces and parentheses
     try:
         return int(rest[1])
@@ -35,13 +34,22 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-def visible() -> bool:
-    """Whether /proc shows this process under its own pid (not so in a pid namespace that
-    the mounted /proc does not belong to, such as a rootless fork server's)."""
+def _ppid(pid: int) -> int:
+    """The parent of `pid` from /proc, or -1 (gone, or unreadable)."""
     try:
-        return int(os.readlink("/proc/self")) == os.getpid()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return _parse_ppid(f.read(512))
+    except OSError:
+        return -1
+
+
+def proc_pid() -> int | None:
+    """This process's pid in /proc's numbering (its own pid, unless /proc belongs to an
+    ancestor pid namespace), or None where /proc does not show it at all."""
+    try:
+        return int(os.readlink("/proc/self"))
     except (OSError, ValueError):
-        return False
+        return None
 
 
 def descendants(root: int) -> set[int]:
@@ -63,17 +71,22 @@ def descendants(root: int) -> set[int]:
 
 
 def signal_tree(root: int, sig: int) -> int:
-    """Send `sig` to every descendant of `root`; how many it reached."""
+    """Send `sig` to every descendant of `root` (a pid as /proc numbers it); how many it reached."""
     tree = descendants(root)
     tree.add(root)
     sent = 0
     for pid in sorted(tree - {root}):
         try:
-            fd = os.pidfd_open(pid)
+            fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
         try:
-            if _ppid(pid) in tree:  # read after the pidfd was opened: this very process is ours
+            stat = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                ppid = _parse_ppid(os.read(stat, 512))
+            finally:
+                os.close(stat)
+            if ppid in tree:  # read through the fd: this very process is still ours
                 signal.pidfd_send_signal(fd, sig)
                 sent += 1
         except OSError:

@@ -493,9 +493,19 @@ static volatile int exec_scope_failed;
 /* Without a pid namespace (the nested profile) the run's processes are found as the
    descendants of this process, which is their child subreaper: an orphan of the run, a
    double-forked daemon's included, is reparented to us, never to the host's init. Each
-   is signalled through a pidfd whose parent is checked after it was opened, so a pid
-   that an exited process left to an unrelated one is never signalled. Returns how many
-   were signalled. */
+   is signalled through a fd of its /proc directory whose parent is checked through that
+   fd after it was opened, so a pid that an exited process left to an unrelated one is
+   never signalled. Returns how many were signalled. */
+/* This process's pid as /proc numbers it: not getpid() where /proc belongs to another pid
+   namespace than ours (a caller that entered one without mounting its own /proc). */
+static pid_t proc_self(void) {
+    char buf[32];
+    ssize_t len = readlink("/proc/self", buf, sizeof buf - 1);
+    if (len <= 0) return getpid();
+    buf[len] = 0;
+    return (pid_t)atoi(buf);
+}
+
 static int signal_tree(int sig) {
     size_t cap = 1024, n = 0;
     pid_t *pid = malloc(cap * sizeof *pid), *ppid = malloc(cap * sizeof *ppid);
@@ -535,7 +545,7 @@ static int signal_tree(int sig) {
        bitmap by pid: PID_MAX_LIMIT is 2^22, so 512 KiB) */
     unsigned char *mine = calloc(1 << 19, 1), *ours = calloc(n ? n : 1, 1);
     int sent = 0, grew = 1;
-    pid_t me = getpid();
+    pid_t me = proc_self();
 #define MINE(p) ((p) > 0 && (p) < (1 << 22) && (mine[(p) >> 3] >> ((p) & 7) & 1))
     while (mine && ours && grew) {
         grew = 0;
@@ -548,11 +558,14 @@ static int signal_tree(int sig) {
     }
     for (size_t i = 0; mine && ours && i < n; i++) {
         if (!ours[i]) continue;
-        int pfd = (int)syscall(SYS_pidfd_open, pid[i], 0);
-        if (pfd < 0) continue;
+        /* A /proc/<pid> directory fd holds this very process, like a pidfd, and
+           pidfd_send_signal takes it; unlike pidfd_open it needs no pid of our own pid
+           namespace, only /proc's numbering (see proc_self). */
         char path[64], buf[512];
-        snprintf(path, sizeof path, "/proc/%d/stat", pid[i]);
-        int fd = open(path, O_RDONLY | O_CLOEXEC), parent = -1;
+        snprintf(path, sizeof path, "/proc/%d", pid[i]);
+        int pfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd < 0) continue;
+        int fd = openat(pfd, "stat", O_RDONLY | O_CLOEXEC), parent = -1;
         ssize_t len = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
         if (fd >= 0) close(fd);
         if (len > 0) {
@@ -560,7 +573,7 @@ static int signal_tree(int sig) {
             char *rp = strrchr(buf, ')'), state;
             if (!rp || sscanf(rp + 1, " %c %d", &state, &parent) != 2) parent = -1;
         }
-        int still = parent == me || MINE(parent);  /* the pidfd holds this very process: still ours? */
+        int still = parent == me || MINE(parent);  /* read through the fd: this process, still ours? */
         if (still && syscall(SYS_pidfd_send_signal, pfd, sig, NULL, 0) == 0) sent++;
         close(pfd);
     }
