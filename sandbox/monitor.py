@@ -231,7 +231,10 @@ class Monitor:
                 setattr(self, name, None)
         self._set_meta(state="running", pid=pid, pid_start=proc_starttime(pid), started_at=time.time())
         threading.Thread(target=self._serve, daemon=True).start()
-        threading.Thread(target=self._announce, args=(pid,), daemon=True).start()
+        from .forker import host_pid
+
+        # /proc's number for it: ours names another process where /proc is an ancestor namespace's
+        threading.Thread(target=self._announce, args=(host_pid(self.pidfd),), daemon=True).start()
         if self.kill_requested:
             threading.Thread(target=self._kill, daemon=True).start()
 

@@ -600,6 +600,35 @@ def test_nested_runs_from_a_pid_namespace_whose_proc_is_the_hosts(owned: tuple[s
             end_marked(mark)
 
 
+FOREIGN_PROC = """
+import json, sys, sandbox
+out = [sandbox.run(["sh", "-c", "test -e /etc/shadow && echo host || echo private; ls /"], profile=sys.argv[1])
+       for _ in range(3)]
+print(json.dumps([[r.status, r.stdout.split(), r.error] for r in out]))
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_library_caller_in_a_pid_namespace_without_its_own_proc_gets_the_private_view(path: str,
+                                                                                       tmp_path: Path) -> None:
+    # /proc numbers the caller's children otherwise than fork() does there: the mount
+    # namespace of a view's template, opened by fork's pid, was another process's (the
+    # host's), and every strict run of that caller saw the host's whole filesystem. (Without
+    # a cgroup: the Python child's fork server hands pids in /proc's numbering, which
+    # cgroup.procs refuses there, so a required cgroup fails such runs closed first.)
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root and util-linux unshare: a pid namespace of the caller's own")
+    prof = tmp_path / "nocg.toml"
+    prof.write_text('extends = "strict"\n[security]\ncgroup = "optional"\n')
+    p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", FOREIGN_PROC, str(prof)],
+                       env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0", SANDBOXRUN_CGROUP="none"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for status, out, error in json.loads(p.stdout):
+        assert status == "ok" and out[0] == "private", (status, out, error)
+        assert not {"boot", "root", "home", "srv"} & set(out[1:]), out
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tuple[str, Path], path: str) -> None:
     # SIGKILLed, the supervisor cannot kill the run; its child, the run's subreaper, gets

@@ -13,7 +13,7 @@ import fcntl
 import os
 import threading
 
-from ..forker import ChildFds, ForkError, Launched
+from ..forker import ChildFds, ForkError, Launched, open_template
 from ..isolation.network import ReadyNamespaces
 from ..isolation.syscalls import CLONE_NEWPID, setns, unshare
 from ..plan import RunPlan
@@ -155,9 +155,9 @@ class NativeForker:
                 os.close(fd)
         try:
             said = _read_line(rep_r)
-            if said != "R":
+            if not said.startswith("R "):
                 return -1
-            return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            return open_template(said[2:])
         except OSError:
             return -1
         finally:
