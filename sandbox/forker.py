@@ -318,6 +318,7 @@ def serve(fd: int) -> None:
             own_tree.discard(pid)
 
     signal.signal(signal.SIGCHLD, reap)
+    pid_namespace = os.stat("/proc/self/ns/pid").st_ino  # the numbering of the pids we reply
     served = 0
     while True:
         served += 1
@@ -345,7 +346,7 @@ def serve(fd: int) -> None:
                 pidfd = os.pidfd_open(pid)
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-            reply: object = ("ok", pid)
+            reply: object = ("ok", pid, pid_namespace)
             out = [pidfd]
         except ForkError as e:
             reply, out, pidfd = ("error", e.step, e.errno or 0, e.strerror or str(e)), [], -1
@@ -431,7 +432,10 @@ class ServerForker:
         assert isinstance(reply, tuple)
         if reply[0] == "error":
             raise ForkError(reply[1], reply[2], reply[3])
-        return Launched(host_pid(rfds[0]), rfds[0], False)
+        # Its pid as we number it: the server's own where it shares our pid namespace (root);
+        # else (rootless: a namespace of its own) /proc's number, from the pidfd.
+        ours = reply[2] == os.stat("/proc/self/ns/pid").st_ino
+        return Launched(reply[1] if ours else host_pid(rfds[0]), rfds[0], False)
 
     def _drop(self) -> None:
         if self._sock is not None:

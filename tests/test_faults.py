@@ -608,20 +608,23 @@ print(json.dumps([[r.status, r.stdout.split(), r.error] for r in out]))
 """
 
 
+@pytest.mark.parametrize("cgroup", ["cgroup", "no-cgroup"])
 @pytest.mark.parametrize("path", ["native", "python"])
-def test_a_library_caller_in_a_pid_namespace_without_its_own_proc_gets_the_private_view(path: str,
-                                                                                       tmp_path: Path) -> None:
+def test_a_library_caller_in_a_pid_namespace_without_its_own_proc_gets_the_private_view(
+        path: str, cgroup: str, tmp_path: Path) -> None:
     # /proc numbers the caller's children otherwise than fork() does there: the mount
     # namespace of a view's template, opened by fork's pid, was another process's (the
-    # host's), and every strict run of that caller saw the host's whole filesystem. (Without
-    # a cgroup: the Python child's fork server hands pids in /proc's numbering, which
-    # cgroup.procs refuses there, so a required cgroup fails such runs closed first.)
+    # host's), and every strict run of that caller saw the host's whole filesystem. With a
+    # cgroup, the Python child's runs failed (closed) instead: the fork server's pids were
+    # handed back in /proc's numbering, which cgroup.procs refused.
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("root and util-linux unshare: a pid namespace of the caller's own")
     prof = tmp_path / "nocg.toml"
     prof.write_text('extends = "strict"\n[security]\ncgroup = "optional"\n')
-    p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", FOREIGN_PROC, str(prof)],
-                       env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0", SANDBOXRUN_CGROUP="none"),
+    extra = {"SANDBOXRUN_CGROUP": "none"} if cgroup == "no-cgroup" else {}
+    p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", FOREIGN_PROC,
+                        str(prof) if cgroup == "no-cgroup" else "strict"],
+                       env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0", **extra),
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     for status, out, error in json.loads(p.stdout):
