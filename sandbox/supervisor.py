@@ -230,6 +230,7 @@ class _Workdir:
     def __init__(self, cwd: str | None, *, in_memory: bool) -> None:
         self.fresh = cwd is None
         self.checked: CheckedDir | None = None  # the caller's directory, as checked
+        self.fresh_id: tuple[int, int] | None = None  # a fresh host workdir's (dev, ino)
         if cwd is None and in_memory:
             # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
             # nothing of the run ever touches the host's disk.
@@ -237,11 +238,23 @@ class _Workdir:
         elif cwd is None:
             _sweep_stale_workdirs()
             # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
-            self.path = _mkdtemp()
+            self.path, self.fresh_id = _mkdtemp()  # with what the child must find there
         else:
             # Not `/` nor a system tree, no symbolic link in its path (hostpaths.py says why).
             self.checked = check_writable_dir(cwd, "cwd")
             self.path = self.checked.path
+
+    def chown(self, uid: int, gid: int) -> None:
+        """Give a fresh host workdir to the run's ids: through an fd of the very directory
+        made (never by a path a link could have been put at)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self.fresh_id:
+                raise OSError(errno.EXDEV, f"the fresh workdir {self.path} was replaced")
+            os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
 
     def cleanup(self) -> None:
         if self.fresh and self.path:
@@ -252,21 +265,43 @@ _swept = False
 
 
 def _tmpdir() -> str:
+    """Where fresh host workdirs go: $TMPDIR where no one but root and us could rename
+    an entry on its way (a workdir swapped for a link would be chowned and handed to the
+    run), else /tmp."""
     d = os.environ.get("TMPDIR", "")
-    return d if d.startswith("/") and os.path.isdir(d) else "/tmp"
+    return os.path.normpath(d) if d.startswith("/") and _only_ours_to_rename(d) else "/tmp"
 
 
-def _mkdtemp() -> str:
-    """A fresh 0700 workdir; our pid in the name lets a later start remove it if we are
-    SIGKILLed. (tempfile costs ~5 ms to import, which the CLI does not want to pay.)"""
+def _only_ours_to_rename(path: str) -> bool:
+    """Every component of `path` a directory (not a link) owned by root or us, and writable
+    by no one else unless sticky (where others cannot rename what they do not own)."""
+    me = os.geteuid()
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    for i in range(len(parts) + 1):
+        try:
+            st = os.lstat("/" + "/".join(parts[:i]))
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
+            return False
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
+
+
+def _mkdtemp() -> tuple[str, tuple[int, int]]:
+    """A fresh 0700 workdir and its (dev, ino); our pid in the name lets a later start
+    remove it if we are SIGKILLed. (tempfile costs ~5 ms to import, which the CLI does not
+    want to pay.)"""
     base = _tmpdir()
     for _ in range(100):
         path = f"{base}/sandboxrun-{os.getpid()}-{os.urandom(6).hex()}"
         try:
             os.mkdir(path, 0o700)
-            return path
         except FileExistsError:
             continue
+        st = os.lstat(path)
+        return path, (st.st_dev, st.st_ino)
     raise OSError(17, f"cannot create a workdir under {base}")
 
 
@@ -399,12 +434,12 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
     for m in prof.mounts:  # the caller's read-write binds: no link in the path, no system tree
         if m.writable:
             check_writable_bind(m.source, f"bind {m.source}")
-    if view is None and work.checked is not None:
-        # No mount namespace: the child chdirs to the caller's directory by path, checks that
-        # it is the directory checked here, and gives Landlock "." (not the path again).
-        extra["cwd_id"] = (work.checked.dev, work.checked.ino)
+    if view is None and (work.checked is not None or work.fresh_id is not None):
+        # No mount namespace: the child chdirs to the directory by path, checks that it is
+        # the directory checked (or made) here, and gives Landlock "." (not the path again).
+        extra["cwd_id"] = (work.checked.dev, work.checked.ino) if work.checked else work.fresh_id
     rw = [inside, "/tmp", "/dev"] if view else [
-        "." if work.checked is not None else work.path, "/tmp", "/dev", "/dev/shm"]
+        "." if "cwd_id" in extra else work.path, "/tmp", "/dev", "/dev/shm"]
     rw += [m.target for m in prof.mounts if m.writable]
     bpf = b""
     if prof.seccomp != "off":
@@ -479,7 +514,11 @@ def execute(req: Request) -> Result:
         work = _Workdir(req.cwd, in_memory=prof.view == "private")
         uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
         if work.fresh and work.path and not _rootless():
-            os.chown(work.path, uid, gid)
+            try:
+                work.chown(uid, gid)
+            except OSError as e:
+                return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot give the fresh workdir "
+                                    f"{work.path} to the run: {e.strerror or e}", started)
         plan = make_plan(req, work, uid, gid)
         plan_pid_namespace = plan.pid_namespace
         shares_host_dirs = plan.view is None

@@ -600,6 +600,107 @@ def test_nested_runs_from_a_pid_namespace_whose_proc_is_the_hosts(owned: tuple[s
             end_marked(mark)
 
 
+def test_fresh_workdirs_ignore_a_tmpdir_others_can_rename_in(tmp_path: Path) -> None:
+    # A fresh host workdir (nested, no cwd) is chowned to the run and handed to it: under a
+    # $TMPDIR whose owner is someone else, that owner could swap it for a link on its way.
+    if os.geteuid() != 0:
+        pytest.skip("root chowns fresh workdirs to per-run uids")
+    tmp_path.chmod(0o755)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, OWNER_UID, OWNER_UID)
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    for tmpdir, where in ((theirs, "/tmp/sandboxrun-"), (ours, f"{ours}/sandboxrun-")):
+        p = subprocess.run([sys.executable, "-m", "sandbox", "--profile", "nested", "--", "pwd"], cwd=ROOT,
+                           env=env(TMPDIR=str(tmpdir), SANDBOXRUN_CGROUP="none"), capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith(where), (tmpdir, p.stdout, p.stderr)
+    assert os.listdir(theirs) == []
+
+
+@pytest.mark.parametrize("when", ["before-chown", "after-chown"])
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_fresh_workdir_swapped_for_a_link_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       path: str, when: str) -> None:
+    # Whoever could rename it (an untrusted $TMPDIR is no longer used, but defence in depth):
+    # the chown goes through an fd of the very directory made, and the child checks that
+    # the path still leads to it.
+    if os.geteuid() != 0:
+        pytest.skip("root chowns fresh workdirs to per-run uids")
+    from sandbox import supervisor
+
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+
+    def swap(workdir: str) -> None:
+        os.rename(workdir, str(tmp_path / "moved"))
+        os.symlink(victim, workdir)
+
+    if when == "before-chown":
+        made = supervisor._mkdtemp
+
+        def mkdtemp() -> tuple[str, tuple[int, int]]:
+            where, ident = made()
+            swap(where)
+            return where, ident
+
+        monkeypatch.setattr(supervisor, "_mkdtemp", mkdtemp)
+    else:
+        chown = supervisor._Workdir.chown
+
+        def chown_then_swap(self: supervisor._Workdir, uid: int, gid: int) -> None:
+            chown(self, uid, gid)
+            swap(self.path)
+
+        monkeypatch.setattr(supervisor._Workdir, "chown", chown_then_swap)
+    try:
+        r = sandbox.run(["sh", "-c", "touch planted; pwd"], profile="nested")
+        assert r.status == "setup_error" and r.error_step in ("workdir", "cwd"), r
+        assert victim.stat().st_uid == 0 and os.listdir(victim) == []
+    finally:
+        for leftover in (tmp_path / "moved",):
+            if leftover.exists():
+                leftover.rmdir()
+
+
+INNOCENT = """
+import subprocess, sys
+from sandbox.isolation.uids import kill_processes_of
+orphan, uid = int(sys.argv[1]), int(sys.argv[2])
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:  # our namespace's next pid: the orphan's host pid
+    f.write(str(orphan - 1))
+innocent = subprocess.Popen(["sleep", "60"])
+assert innocent.pid == orphan, innocent.pid
+kill_processes_of(uid, timeout=0.2)
+print(innocent.poll())
+innocent.kill()
+"""
+
+
+def test_a_run_uids_processes_are_signalled_by_procs_numbers() -> None:
+    # Found in /proc, a process must be signalled as /proc numbers it: from a pid namespace
+    # that kept the host's /proc, pidfd_open(that number) named the caller's own process of
+    # that number, and an innocent process there was SIGKILLed for a run uid's orphan.
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("root, unshare and setpriv")
+    from sandbox.isolation.uids import uid_range
+
+    base, count = uid_range()
+    uid = base + count - 1  # the range's last uid: no run of this suite gets that far
+    orphan = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"])
+    try:
+        p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", INNOCENT,
+                            str(orphan.pid), str(uid)], env=env(), cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert p.stdout.strip() == "None", (p.stdout, p.stderr[-2000:])  # the innocent one lives
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
 FOREIGN_PROC = """
 import json, sys, sandbox
 out = [sandbox.run(["sh", "-c", "test -e /etc/shadow && echo host || echo private; ls /"], profile=sys.argv[1])

@@ -106,7 +106,23 @@ def _uids_of(pid: str) -> tuple[int, ...]:
     """The process's uids (real, effective, saved, fs); none for a zombie, already dead. A
     leader whose own thread exited also reads Z while its other threads run: alive."""
     with open(f"/proc/{pid}/status", "rb") as f:
-        fields = dict(line.split(b":", 1) for line in f if b":" in line)
+        return _parse_uids(f.read())
+
+
+def _uids_of_fd(proc_dir: int) -> tuple[int, ...]:
+    """_uids_of, through a fd of the process's /proc directory."""
+    fd = os.open("status", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_dir)
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    finally:
+        os.close(fd)
+    return _parse_uids(data)
+
+
+def _parse_uids(status: bytes) -> tuple[int, ...]:
+    fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
     state, threads = fields.get(b"State", b"").split()[:1], fields.get(b"Threads", b"1").strip()
     if state in ([b"Z"], [b"X"]) and threads in (b"", b"0", b"1"):
         return ()
@@ -147,11 +163,13 @@ def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
             try:
                 if uid not in _uids_of(pid) or not _ours(pid):
                     continue
-                fd = os.pidfd_open(int(pid))
+                # A fd of its /proc directory: the pid is /proc's number, which is not ours
+                # where /proc belongs to an ancestor pid namespace (pidfd_open takes ours).
+                fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except (OSError, ValueError):
                 continue  # gone meanwhile
             try:
-                if uid in _uids_of(pid):  # the pidfd is that process, not a new one with its pid
+                if uid in _uids_of_fd(fd):  # read through the fd: that process, not a new one with its pid
                     signal_pidfd(fd)
                     found += 1
             except OSError:
