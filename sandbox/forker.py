@@ -116,6 +116,11 @@ class _ForkSide:
             err, msg = self.userns_error
             raise ForkError("user_namespace", err, f"cannot create a user namespace: {msg}")
         plan.view_template = self._template_for(plan)
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            # Not after the fork: a real-time child cannot join a v1 cpu cgroup (EINVAL), and
+            # the supervisor moves it while it starts. This forker is ours (the fork server,
+            # or the one-shot CLI itself); the child resets the rest (child._reset_process_state).
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if plan.pid_namespace:
             try:
                 unshare(CLONE_NEWPID)

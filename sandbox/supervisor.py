@@ -535,6 +535,13 @@ def execute(req: Request) -> Result:
                 cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
                 if prof.cgroup == "required":
                     return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
+        if cg is None and not plan.pid_namespace:
+            from .isolation import proctree
+
+            if proctree.proc_pid() is None:  # what ends the run's processes would find none
+                return _setup_error(argv, prof, "proc", errno.ENOENT,
+                                    "no pid namespace, no cgroup, and no /proc that shows this process: the "
+                                    "run's processes could not be found, nor ended after it", started)
         if cg is not None and prof.limits.processes is not None:
             # The cgroup's pids.max fires first, so pids.events tells the caller the limit was
             # hit (usage.pids_limit_hit); RLIMIT_NPROC, a few tasks above, stays a second line.
@@ -738,6 +745,22 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         pass
 
 
+def _write_no_sigpipe(fd: int, data: memoryview) -> int:
+    """os.write to the command's stdin that cannot kill the caller: a command that does not
+    read its stdin closes the pipe, and a caller (or the program embedding Python) may have
+    SIGPIPE at its default. Blocked for this thread while it writes; one raised is taken."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        return os.write(fd, data)
+    except BrokenPipeError:
+        if signal.SIGPIPE not in old:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        raise
+    finally:
+        if signal.SIGPIPE not in old:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _drain_report(rep_r: int, report: _Report) -> None:
     """The report lines left in the pipe once the child is gone (or killed): never waits."""
     while True:
@@ -827,7 +850,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     exited_at = time.monotonic()
                 elif what == "stdin":
                     try:
-                        n = os.write(stdin_w, stdin_data[:65536])
+                        n = _write_no_sigpipe(stdin_w, stdin_data[:65536])
                         stdin_data = stdin_data[n:]
                     except BlockingIOError:
                         continue

@@ -666,6 +666,44 @@ def test_a_fresh_workdir_swapped_for_a_link_is_refused(monkeypatch: pytest.Monke
                 leftover.rmdir()
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_the_command_starts_from_defaults_whatever_the_callers_own_state(path: str) -> None:
+    # The caller's umask (077 made the view's /etc unreadable), personality (setarch -R:
+    # no ASLR), nice value and real-time policy are its own, not the untrusted command's.
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("setarch", "chrt", "nice")):
+        pytest.skip("root, with setarch, chrt and nice")
+    probe = "umask; cat /proc/self/personality; cut -d' ' -f19 /proc/self/stat; chrt -p $$; head -c 5 /etc/passwd"
+    argv = ["setarch", os.uname().machine, "-R", "nice", "-n", "5", "chrt", "-f", "10",
+            "sh", "-c", 'umask 077; exec "$@"', "sh", sys.executable, "-m", "sandbox", "--", "sh", "-c", probe]
+    p = subprocess.run(argv, env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    mask, personality, nice, policy, _priority, passwd = p.stdout.splitlines()
+    assert (mask, int(personality, 16), nice) == ("0022", 0, "0"), p.stdout
+    assert "SCHED_OTHER" in policy and passwd in ("root:", "sandb"), p.stdout
+
+
+@pytest.mark.parametrize("proc", ["unmounted", "covered"])
+def test_a_nested_run_that_could_not_end_its_processes_does_not_run(proc: str) -> None:
+    # No pid namespace, no cgroup, and no /proc showing us: what finds a run's processes
+    # (to signal them, and to kill them after it) would find none, and a daemon would
+    # outlive its run under a uid the next run gets.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root and util-linux unshare: a mount namespace of the caller's own")
+    hide = "umount -l /proc" if proc == "unmounted" else "mount -t tmpfs none /proc"
+    code = "import sandbox; r = sandbox.run(['true'], profile='nested'); print(r.status, r.error_step)"
+    p = subprocess.run(["unshare", "--mount", "sh", "-c", f'{hide} && exec "$@"', "sh", sys.executable, "-c", code],
+                       env=env(SANDBOXRUN_CGROUP="none"), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["setup_error", "proc"], (p.stdout, p.stderr[-2000:])
+
+
+def test_a_command_that_does_not_read_its_stdin_cannot_kill_a_caller_with_sigpipe_at_default() -> None:
+    code = ("import signal, sandbox; signal.signal(signal.SIGPIPE, signal.SIG_DFL); "
+            "r = sandbox.run(['true'], stdin=b'x' * (4 << 20)); print(r.status)")
+    p = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "ok\n"), (p.returncode, p.stderr[-2000:])
+
+
 INNOCENT = """
 import subprocess, sys
 from sandbox.isolation.uids import kill_processes_of

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -966,10 +967,25 @@ static void run(void) {
     fail(EINVAL, "the stage program has no command");
 }
 
+/* What a caller's own state would otherwise hand the run: its umask (077 made the view's
+   /etc unreadable), its personality (setarch -R: no ASLR), its nice value and real-time
+   scheduling (untrusted code at the caller's priority). The command starts from defaults. */
+static void reset_process_state(void) {
+    umask(022);
+    if (personality(0xffffffff) != PER_LINUX) personality(PER_LINUX);
+    setpriority(PRIO_PROCESS, 0, 0);
+    /* raw syscalls: musl's wrappers answer ENOSYS (POSIX means the process, Linux the thread) */
+    if (syscall(SYS_sched_getscheduler, 0) != SCHED_OTHER) {
+        struct sched_param sp = {0};
+        syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &sp);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;  /* argv[0] is the mode: /proc/1/cmdline shows it and nothing else */
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
     reset_signals();
+    reset_process_state();
     read_program();
     run();
     return 125;
