@@ -44,7 +44,7 @@ from typing import Any
 
 from .output import CHUNK, Capture
 from .result import Result
-from .sessions import CappedLog, proc_starttime, profile_from_json, read_json, read_log, write_json
+from .sessions import CappedLog, proc_self, proc_starttime, profile_from_json, read_json, read_log, write_json
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
 MAX_REQUEST = 48 << 20
@@ -161,7 +161,8 @@ class Monitor:
         if not self.req or not self.meta:
             raise RuntimeError(f"{self.sdir}: request.json or meta.json missing")
         token = secrets.token_hex(8)
-        self._set_meta(monitor_pid=os.getpid(), monitor_start=proc_starttime(os.getpid()), log_token=token)
+        me = proc_self()  # as /proc numbers us: what readers look up
+        self._set_meta(monitor_pid=me, monitor_start=proc_starttime(me), log_token=token)
         self.prof = prof = profile_from_json(self.req["profile"])
         if os.geteuid() == 0:
             # Fork from here, while this process has one thread. Not rootless: a direct fork
@@ -222,19 +223,19 @@ class Monitor:
 
     def _started(self, pid: int) -> None:
         """The sandbox is forked: from here on threads are safe."""
+        from .forker import host_pid
+
         self.pidfd = os.pidfd_open(pid)
         self.pid = pid
+        seen = host_pid(self.pidfd)  # /proc's number for it: ours is another where /proc is an ancestor namespace's
         for name in ("slave", "stdin_r"):  # only the sandbox may hold these now
             fd = getattr(self, name)
             if fd is not None:
                 os.close(fd)
                 setattr(self, name, None)
-        self._set_meta(state="running", pid=pid, pid_start=proc_starttime(pid), started_at=time.time())
+        self._set_meta(state="running", pid=seen, pid_start=proc_starttime(seen), started_at=time.time())
         threading.Thread(target=self._serve, daemon=True).start()
-        from .forker import host_pid
-
-        # /proc's number for it: ours names another process where /proc is an ancestor namespace's
-        threading.Thread(target=self._announce, args=(host_pid(self.pidfd),), daemon=True).start()
+        threading.Thread(target=self._announce, args=(seen,), daemon=True).start()
         if self.kill_requested:
             threading.Thread(target=self._kill, daemon=True).start()
 

@@ -161,7 +161,54 @@ def proc_starttime(pid: int) -> int | None:
 
 
 def _alive(pid: Any, start: Any) -> bool:
-    return isinstance(pid, int) and pid > 0 and proc_starttime(pid) == start
+    """The process /proc numbers `pid` is the one that started at `start` (never without one:
+    a number /proc does not show now may show an unrelated process later)."""
+    return isinstance(pid, int) and pid > 0 and start is not None and proc_starttime(pid) == start
+
+
+def proc_self() -> int:
+    """Our pid as /proc numbers it: what is recorded, since readers look processes up there
+    (os.getpid() is another number where /proc belongs to an ancestor pid namespace)."""
+    from .isolation.proctree import proc_pid
+
+    return proc_pid() or os.getpid()
+
+
+def proc_dev() -> int | None:
+    """The /proc that pids are recorded in and read from (each pid namespace's procfs is a
+    device of its own): a reader with another cannot judge them."""
+    try:
+        return os.stat("/proc").st_dev
+    except OSError:
+        return None
+
+
+def _readable_here(m: Mapping[str, Any]) -> bool:
+    return m.get("proc_dev") in (None, proc_dev())
+
+
+def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
+    """Signal the process /proc numbers `pid`, if it is still the one that started at
+    `start`: checked through a fd of its /proc directory, which the signal goes through."""
+    if not (isinstance(pid, int) and pid > 0 and start is not None):
+        return
+    try:
+        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        st = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            text = os.read(st, 4096)
+        finally:
+            os.close(st)
+        fields = text[text.rfind(b")") + 2:].split()
+        if fields and fields[0] not in (b"Z", b"X") and int(fields[19]) == start:
+            signal.pidfd_send_signal(fd, sig)
+    except (OSError, ValueError, IndexError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def _rmtree(path: str) -> None:
@@ -430,17 +477,17 @@ class Session:
             return "starting" if age < 60 else "lost"  # a starter is writing it, or died doing so
         if m.get("state") == "lost":
             return "lost"
+        if not _readable_here(m):
+            # Started where /proc numbers processes otherwise (another pid namespace): its
+            # pids mean nothing here, so nothing is judged dead, nor killed, from here.
+            return "running" if m.get("state") == "running" else "starting"
         if self._monitor_alive(m):
             return "running" if m.get("state") == "running" else "starting"
         if os.path.exists(self._path("result.json")):  # it ended between the two reads
             return "exited"
-        if _alive(m.get("pid"), m.get("pid_start")):
-            # Should the kernel not have killed it with its monitor (PR_SET_PDEATHSIG), nothing may
-            # run unsupervised: the pid namespace dies with its init.
-            try:
-                os.kill(m["pid"], signal.SIGKILL)
-            except OSError:
-                pass
+        # Should the kernel not have killed it with its monitor (PR_SET_PDEATHSIG), nothing may
+        # run unsupervised: the pid namespace dies with its init.
+        _kill_if(m.get("pid"), m.get("pid_start"))
         m["state"], m["ended_at"] = "lost", time.time()
         try:
             write_json(self._path("meta.json"), m)  # so the TTL counts from now
@@ -951,7 +998,7 @@ def start(
         write_json(os.path.join(sdir, "meta.json"), {
             "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),
             "profile": prep.profile.name, "state": "starting", "created": prep.started,
-            "starter_pid": os.getpid(), "starter_start": proc_starttime(os.getpid()),
+            "starter_pid": proc_self(), "starter_start": proc_starttime(proc_self()), "proc_dev": proc_dev(),
             "kill_grace": prep.profile.limits.kill_grace, "timeout": prep.profile.limits.timeout,
         })
         _spawn_monitor(sdir)
@@ -991,8 +1038,8 @@ def _spawn_monitor(sdir: str) -> None:
     if status in (b"R", b"E"):
         return
     m = read_json(os.path.join(sdir, "meta.json")) or {}
-    if status == b"T" and _alive(m.get("monitor_pid"), m.get("monitor_start")):
-        os.kill(m["monitor_pid"], 9)  # its sandbox dies with it
+    if status == b"T":
+        _kill_if(m.get("monitor_pid"), m.get("monitor_start"))  # its sandbox dies with it
     log = (read_bytes(os.path.join(sdir, "monitor.log")) or b"").decode(errors="replace").strip().splitlines()
     why = log[-1] if log else "no message"
     if status == b"T":
@@ -1016,11 +1063,7 @@ def _read_ready(fd: int, timeout: float) -> bytes:
 
 def _abandon(sdir: str) -> None:
     m = read_json(os.path.join(sdir, "meta.json")) or {}
-    if _alive(m.get("monitor_pid"), m.get("monitor_start")):
-        try:
-            os.kill(m["monitor_pid"], 9)
-        except OSError:
-            pass
+    _kill_if(m.get("monitor_pid"), m.get("monitor_start"))
     try:
         _rmtree(sdir)
     except OSError as e:

@@ -445,3 +445,56 @@ def test_state_dir_variable_is_checked(tmp_path: Path, monkeypatch: pytest.Monke
         with pytest.raises(SandboxError, match=needle):
             sessions.state_dir()
     assert not (tmp_path / "no").exists()
+
+
+def test_a_process_without_a_recorded_start_time_is_never_taken_for_alive() -> None:
+    # A number /proc does not show now may show an unrelated process later: judged alive
+    # by a missing start time, a dead monitor read "running" for ever, and its pid was killed.
+    assert not sessions._alive(os.getpid(), None)
+    assert sessions._alive(os.getpid(), sessions.proc_starttime(os.getpid()))
+
+
+def _in_pid_namespace(args: list[str], *, own_proc: bool) -> list[str]:
+    return ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if own_proc else []), *args]
+
+
+def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them() -> None:
+    # Started where /proc belongs to an ancestor pid namespace, it recorded its own numbers:
+    # read on the host they named other processes (a kernel thread's start time; a host
+    # `list` SIGKILLed an unrelated process that happened to have the sandbox's number).
+    if os.geteuid() != 0:
+        pytest.skip("root: a pid namespace of the starter's own")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ns = subprocess.Popen(_in_pid_namespace(["sh", "-c", '"$@" start -- sleep 60 && exec sleep 60', "sh",
+                                             sys.executable, "-m", "sandbox"], own_proc=False),
+                          env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert ns.stdout is not None
+        sid = ns.stdout.readline().strip()
+        m = sessions.Session(sid).meta
+        until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
+        m = sessions.Session(sid).meta
+        with open(f"/proc/{m['pid']}/comm") as f:
+            assert f.read().strip() == "sandboxrun-init", m
+        assert sessions.proc_starttime(m["monitor_pid"]) == m["monitor_start"], m
+        assert sessions.Session(sid).state == "running"
+    finally:
+        ns.kill()
+        ns.wait()
+
+
+def test_a_reader_with_its_own_proc_leaves_a_live_session_alone(contained) -> None:
+    # A reader in a pid namespace with a /proc of its own sees other numbers: it marked a
+    # live session lost for good, and `kill` then ended nothing.
+    if os.geteuid() != 0:
+        pytest.skip("root: a pid namespace of the reader's own")
+    sid = cli("start", "--", "sleep", "60").stdout.decode().strip()
+    until(lambda: sessions.Session(sid).state == "running", what="the session to run")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run(_in_pid_namespace([sys.executable, "-m", "sandbox", "list", "--json"], own_proc=True),
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert sessions.Session(sid).state == "running"
+    pid = sessions.Session(sid).pid
+    assert cli("kill", sid).returncode == 0
+    until(lambda: gone(pid), what="the killed sandbox to go")
