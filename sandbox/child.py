@@ -390,14 +390,13 @@ def kill_descendants(seconds: float = 1.0) -> None:
         time.sleep(0.002)
 
 
-def init_loop(main_pid: int, report_fd: int) -> None:
+def init_loop(main_pid: int, report_fd: int, pid1: bool) -> None:
     """PID 1 duties: forward signals to everything, reap orphans, report the main exit.
     Without a pid namespace: the same for this process's descendants only.
 
     The signals acted on (and SIGCHLD) are blocked since before the spawn and taken one at a
     time with sigwaitinfo: no work runs in a handler, so a flood of them cannot nest scans
     until a RecursionError, and none slips in between a check and a wait."""
-    pid1 = os.getpid() == 1
     while True:
         sig = signal.sigwaitinfo(_HELD).si_signo
         if sig == PARENT_GONE and not pid1:  # nobody is left to report to
@@ -440,13 +439,17 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
             import termios
 
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-        if os.getpid() != 1:  # no pid namespace: the run's orphans come to us, not to the host's init
+        # The plan says whether we have a pid namespace, not getpid(): a caller that entered
+        # one without forking (unshare --pid) makes its first child, us, its PID 1.
+        if not plan.pid_namespace:  # the run's orphans come to us, not to the host's init
             import prctl
 
             prctl.set_child_subreaper(1)
         # Held from before the spawn, for init_loop to take: by default a parent-death signal or
-        # a SIGTERM would end us and leave the command to the host's init.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        # a SIGTERM would end us and leave the command to the host's init. Every other signal
+        # too (pending, never acted on): without a pid namespace or a Landlock scope the command
+        # could end us with any signal whose default is to terminate, orphaning its processes.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         t = time.perf_counter()
         pid = _spawn(plan)
         if plan.trace:
@@ -454,7 +457,7 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
         if trace:
             _report(report_fd, "T " + " ".join(f"{k}={v:.4f}" for k, v in trace.items()))
         _report(report_fd, f"S {pid}")
-        init_loop(pid, report_fd)
+        init_loop(pid, report_fd, plan.pid_namespace)
     except StepError as e:
         _report(report_fd, f"E {e.step} {e.errno} {e.message}")
         os._exit(125)

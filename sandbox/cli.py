@@ -111,11 +111,21 @@ def exit_code_for(result: Any) -> int:
     if result.exit_code >= 0:
         return int(result.exit_code)
     if result.signal:
-        try:
-            return 128 + int(signal.Signals[result.signal])
-        except KeyError:
-            pass
+        number = signal_number(result.signal)
+        if number:
+            return 128 + number
     return EXIT_SANDBOX if st in ("memory_limit", "cpu_limit") else 1
+
+
+def signal_number(name: str) -> int | None:
+    """The number of a Result's signal name: Python's names, and the "SIG<N>" it gives the
+    rest (32, 33, 35-63: no name in the signal module)."""
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        pass
+    digits = name[3:] if name.startswith("SIG") else ""
+    return int(digits) if digits.isdigit() else None
 
 
 def explain(result: Any) -> str | None:

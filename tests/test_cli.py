@@ -35,6 +35,13 @@ def test_exit_code_mirrors_command() -> None:
     assert r.returncode == 128 + 15 and b"SIGTERM" in r.stderr
 
 
+@pytest.mark.parametrize("sig", [33, 40, 63])
+def test_exit_code_of_a_signal_python_has_no_name_for(sig: int) -> None:
+    # Signals 32, 33 and 35-63 have no name in Python's signal module: they exited 1.
+    r = cli("--", "python3", "-c", f"import os; os.kill(os.getpid(), {sig})")
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr)
+
+
 def test_timeout_is_124_with_a_line() -> None:
     r = cli("--timeout", "0.5", "--", "sleep", "10")
     assert r.returncode == 124 and b"timed out" in r.stderr

@@ -772,6 +772,51 @@ def test_a_library_caller_in_a_pid_namespace_without_its_own_proc_gets_the_priva
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
+def test_a_nested_runs_child_holds_every_signal_its_command_could_end_it_with(owned: tuple[str, Path],
+                                                                             path: str) -> None:
+    # Without a pid namespace (and, before kernel 6.12, without Landlock's signal scope) the
+    # command may signal its parent, the run's child: any signal left at its default (the
+    # stage's libc left 32-34 out of "every signal"; the Python child held only those it
+    # acts on) would end it and orphan the run's processes. Read while it waits, SigBlk
+    # lacks only the signals it takes with sigwaitinfo.
+    _mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--", "sh", "-c", "grep SigBlk /proc/$PPID/status")
+    p = subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    blocked = int(json.loads(p.stdout)["stdout"].split()[1], 16)
+    taken = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGCHLD, signal.SIGRTMAX}
+    libc_own = {32, 33} if path == "python" else set()  # glibc's own handlers answer those
+    unblocked = {n for n in range(1, 65) if not blocked >> (n - 1) & 1}
+    assert unblocked - taken - libc_own - {signal.SIGKILL, signal.SIGSTOP} == set(), sorted(unblocked)
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_nested_run_born_pid_1_of_its_callers_namespace_still_dies_with_its_supervisor(
+        owned: tuple[str, Path], path: str) -> None:
+    # A caller that entered a pid namespace without forking (unshare --pid) makes its first
+    # child PID 1 there: a child that took getpid() == 1 for a pid namespace of the run's
+    # stopped waiting for its parent-death signal, and the run outlived its SIGKILLed
+    # supervisor and its timeout.
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    from sandbox import native
+
+    native.stage_path()  # built now: a build's compiler, forked there, would be that namespace's PID 1
+    mark, work = owned
+    cmd = f"exec -a {mark} sleep 1000"
+    argv, environ = _nested_as_owner(work, path, "--timeout", "30", "--", "bash", "-c", cmd)
+    p = subprocess.Popen(["unshare", "--pid", *argv], env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        wait_marked(mark, count=1)
+        p.kill()
+        p.wait()
+        assert_gone_within(mark, 10, "the supervisor was SIGKILLed")
+    finally:
+        end_marked(mark)
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
 def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tuple[str, Path], path: str) -> None:
     # SIGKILLed, the supervisor cannot kill the run; its child, the run's subreaper, gets
     # a parent-death signal it catches (not SIGKILL) and kills its descendants first.
@@ -848,9 +893,9 @@ def test_the_python_child_holds_signals_until_its_handlers_are_in_place(
     monkeypatch.setattr(supervisor, "_direct", None)
     real = child.init_loop
 
-    def late(main_pid: int, report_fd: int) -> None:
+    def late(main_pid: int, report_fd: int, pid1: bool) -> None:
         time.sleep(0.5)
-        real(main_pid, report_fd)
+        real(main_pid, report_fd, pid1)
 
     monkeypatch.setattr(child, "init_loop", late)
     try:

@@ -491,6 +491,11 @@ static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUS
 
 static volatile int exec_scope_failed;
 
+/* Born PID 1 of the run's own pid namespace ("sandboxrun-init"), from our mode, not from
+   getpid(): a caller that entered a pid namespace without forking (unshare --pid) makes its
+   first child PID 1 of that one, which is no namespace of the run's. */
+static int own_pid_ns;
+
 /* Without a pid namespace (the nested profile) the run's processes are found as the
    descendants of this process, which is their child subreaper: an orphan of the run, a
    double-forked daemon's included, is reparented to us, never to the host's init. Each
@@ -673,11 +678,15 @@ static void exec_command(struct op *op) {
     const char *path = find_executable(argv[0], op->a[3].s, buf, sizeof buf);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (getpid() != 1)  /* no pid namespace: the run's orphans come to us, not to the host's init */
+    if (!own_pid_ns)  /* no pid namespace: the run's orphans come to us, not to the host's init */
         CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER");
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
+    /* Every signal blocked, 32-34 too (libc's sigfillset leaves out those it keeps for
+       itself: unblocked, the command could end us with them where no Landlock scope stops
+       it, orphaning its processes): raw, as the kernel counts them. */
+    sigset_t old;
+    uint64_t all = ~(uint64_t)0;
+    sigemptyset(&old);
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, sizeof all);
     exec_errno = 0;
     pid_t pid = vfork();
     if (pid == 0) {
@@ -733,11 +742,8 @@ static void exec_command(struct op *op) {
     sigemptyset(&waited);
     for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++) sigaddset(&waited, forwarded[i]);
     sigaddset(&waited, SIGCHLD);
-    if (getpid() != 1) sigaddset(&waited, PARENT_GONE);
-    sigset_t mask = old;
-    for (int s = 1; s < NSIG; s++)
-        if (sigismember(&waited, s)) sigaddset(&mask, s);
-    sigprocmask(SIG_SETMASK, &mask, NULL);
+    if (!own_pid_ns) sigaddset(&waited, PARENT_GONE);
+    /* all stay blocked (see above): those we act on are taken with sigwaitinfo */
     for (;;) {
         int sig = sigwaitinfo(&waited, NULL);
         if (sig < 0) {
@@ -749,7 +755,7 @@ static void exec_command(struct op *op) {
             _exit(0);
         }
         if (sig != SIGCHLD) {
-            if (getpid() == 1)
+            if (own_pid_ns)
                 kill(-1, sig);  /* every process we may signal in this pid namespace */
             else
                 signal_tree(sig);  /* no pid namespace: kill(-1) would reach every process of the uid on
@@ -763,7 +769,7 @@ static void exec_command(struct op *op) {
             if (got < 0) _exit(0);  /* no child left */
             if (got == 0) break;
             if (got == pid) {
-                if (getpid() == 1) reap_the_rest(); else kill_tree();
+                if (own_pid_ns) reap_the_rest(); else kill_tree();
                 struct rusage ru;
                 getrusage(RUSAGE_CHILDREN, &ru);
                 report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
@@ -984,6 +990,7 @@ static void reset_process_state(void) {
 int main(int argc, char **argv) {
     (void)argc;  /* argv[0] is the mode: /proc/1/cmdline shows it and nothing else */
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
+    own_pid_ns = argv[0] && strcmp(argv[0], "sandboxrun-init") == 0;
     reset_signals();
     reset_process_state();
     read_program();
