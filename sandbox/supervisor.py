@@ -295,7 +295,7 @@ def _mkdtemp() -> tuple[str, tuple[int, int]]:
     want to pay.)"""
     base = _tmpdir()
     for _ in range(100):
-        path = f"{base}/sandboxrun-{os.getpid()}-{os.urandom(6).hex()}"
+        path = f"{base}/sandboxrun-{cgroups.owner_tag()}-{os.urandom(6).hex()}"
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -317,11 +317,8 @@ def _sweep_stale_workdirs() -> None:
     except OSError:
         return
     for name in names:
-        parts = name.split("-")
-        if len(parts) < 3 or parts[0] != "sandboxrun" or not parts[1].isdigit():
-            continue
-        pid = int(parts[1])
-        if pid == os.getpid() or cgroups._pid_alive(pid):
+        parts = name.split("-", 1)
+        if len(parts) < 2 or parts[0] != "sandboxrun" or not cgroups.owner_is_gone(parts[1]):
             continue
         path = os.path.join(base, name)
         try:

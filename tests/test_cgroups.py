@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import pytest
 
 from sandbox.isolation import cgroups
 from sandbox.isolation.cgroups import CgroupLimits, CgroupUnavailable, V1Backend, V2Backend
+
+ROOT = Path(__file__).resolve().parent.parent
 
 INTERFACE = {
     "memory.max": "max\n", "memory.swap.max": "max\n", "pids.max": "max\n", "cpu.max": "max 100000\n",
@@ -486,3 +490,51 @@ def _clear_uid_cache():
     cgroups.caller_uid.cache_clear()
     yield
     cgroups.caller_uid.cache_clear()
+
+
+def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None:
+    # Cgroup hierarchies and /tmp are shared with callers in other pid namespaces, where the
+    # same pid is another process: judged by a pid alone, a live run of a caller elsewhere
+    # was taken for a dead supervisor's, and its processes were killed.
+    from sandbox.isolation import cgroups
+
+    ours = f"{cgroups._own_pid_namespace():x}"
+    dead = 4_194_303  # above any pid_max default: no process has it
+    assert cgroups._name().startswith(f"sandboxrun-{os.getpid()}-n{ours}-")
+    assert cgroups.owner_is_gone(f"{dead}-n{ours}-0")
+    assert not cgroups.owner_is_gone(f"{dead}-n{int(ours, 16) + 1:x}-0")  # another namespace's
+    assert not cgroups.owner_is_gone(f"{os.getpid()}-n{ours}-0")
+    assert cgroups.owner_is_gone(f"{dead}-0")  # an older name: the pid alone, as before
+
+
+NS_CALLER = """
+import sandbox
+r = sandbox.run(["sh", "-c", "sleep 3; echo done"])
+print(r.status, r.stdout.strip())
+"""
+# PID 1 of its namespace sets the next pid there, so that the caller has one no host process has.
+NS_INIT = 'echo $(($1 - 1)) > /proc/sys/kernel/ns_last_pid && shift && "$@"'
+
+
+def test_a_supervisor_leaves_a_live_run_of_a_caller_in_another_pid_namespace_alone() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root and util-linux unshare: a caller in a pid namespace of its own")
+    from sandbox import leaks
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    pid = next(p for p in range(20000, 300, -1) if not os.path.exists(f"/proc/{p}"))  # dead on the host
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", NS_INIT, "sh",
+                           str(pid), sys.executable, "-c", NS_CALLER], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(leaks.cgroup_owner(c) == pid for c in leaks.runner_cgroups()):
+            assert time.monotonic() < deadline, "the caller's run never started"
+            time.sleep(0.05)
+        host = subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], env=env, cwd=ROOT, timeout=60)
+        assert host.returncode == 0
+        out, _ = ns.communicate(timeout=30)
+        assert out.split() == ["ok", "done"], out
+    finally:
+        ns.kill()
+        ns.wait()

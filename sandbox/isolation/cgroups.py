@@ -253,17 +253,52 @@ class Backend:
         return 0
 
 
+def owner_tag() -> str:
+    """What names a run's cgroup or fresh workdir after its supervisor: its pid and its pid
+    namespace ("<pid>-n<inode>"). Cgroup hierarchies and /tmp are shared by callers in other
+    pid namespaces, where the same pid is another process: a name with the pid alone let a
+    supervisor judge (and kill) the live run of a caller elsewhere."""
+    return f"{os.getpid()}-n{_own_pid_namespace():x}"
+
+
+_pid_ns: tuple[int, int] | None = None  # (our pid, our pid namespace's inode): a fork looks again
+
+
+def _own_pid_namespace() -> int:
+    global _pid_ns
+    if _pid_ns is None or _pid_ns[0] != os.getpid():
+        try:
+            ino = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            ino = 0
+        _pid_ns = (os.getpid(), ino)
+    return _pid_ns[1]
+
+
+def owner_is_gone(rest: str) -> bool:
+    """For a name's part after the prefix ("<pid>-n<ns>-..." or an older "<pid>-..."): its
+    supervisor is dead. Never for one of another pid namespace, whose pids mean nothing here:
+    its own namespace's supervisors judge it."""
+    parts = rest.split("-")
+    if not parts[0].isdigit():
+        return False
+    owner = int(parts[0])
+    if len(parts) > 1 and parts[1].startswith("n"):
+        try:
+            if int(parts[1][1:], 16) != _own_pid_namespace():
+                return False
+        except ValueError:
+            return False
+    return owner != os.getpid() and not _pid_alive(owner)
+
+
 def _name() -> str:
-    return f"{PREFIX}{os.getpid()}-{next(_seq)}"
+    return f"{PREFIX}{owner_tag()}-{next(_seq)}"
 
 
 def _stale(name: str) -> bool:
     """A sandboxrun cgroup whose owning supervisor is dead."""
-    try:
-        owner = int(name[len(PREFIX):].split("-")[0])
-    except ValueError:
-        return False
-    return owner != os.getpid() and not _pid_alive(owner)
+    return owner_is_gone(name[len(PREFIX):])
 
 
 class V1Backend(Backend):
