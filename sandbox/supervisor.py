@@ -316,10 +316,7 @@ def _sweep_stale_workdirs() -> None:
         names = os.listdir(base)
     except OSError:
         return
-    for name in names:
-        parts = name.split("-", 1)
-        if len(parts) < 2 or parts[0] != "sandboxrun" or not cgroups.owner_is_gone(parts[1]):
-            continue
+    for name in cgroups.gone_owners(names, "sandboxrun-"):
         path = os.path.join(base, name)
         try:
             st = os.lstat(path)
@@ -508,8 +505,14 @@ def execute(req: Request) -> Result:
     shares_host_dirs = False  # no mount namespace: the run writes the host's /tmp
     opened: list[int] = []
     try:
-        work = _Workdir(req.cwd, in_memory=prof.view == "private")
-        uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
+        try:
+            work = _Workdir(req.cwd, in_memory=prof.view == "private")
+        except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran
+            return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot make the run's workdir: {e}", started)
+        try:
+            uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
+        except OSError as e:  # (no writable /run for the uid locks)
+            return _setup_error(argv, prof, "identity", e.errno or 0, f"cannot lease the run's uid: {e}", started)
         if work.fresh and work.path and not _rootless():
             try:
                 work.chown(uid, gid)

@@ -505,6 +505,12 @@ def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None
     assert not cgroups.owner_is_gone(f"{dead}-n{int(ours, 16) + 1:x}-0")  # another namespace's
     assert not cgroups.owner_is_gone(f"{os.getpid()}-n{ours}-0")
     assert cgroups.owner_is_gone(f"{dead}-0")  # an older name: the pid alone, as before
+    # Our pid with another token: the process that had our pid (in a namespace whose inode
+    # ours reuses) before us. Another namespace that no process is in any more: gone.
+    assert cgroups.owner_is_gone(f"{os.getpid()}-n{ours}-tffffffff-0")
+    other = int(ours, 16) + 1
+    assert cgroups.owner_is_gone(f"{dead}-n{other:x}-t0-0", live=set())
+    assert not cgroups.owner_is_gone(f"{dead}-n{other:x}-t0-0", live={other})
 
 
 NS_CALLER = """

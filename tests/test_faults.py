@@ -704,6 +704,19 @@ def test_a_command_that_does_not_read_its_stdin_cannot_kill_a_caller_with_sigpip
     assert (p.returncode, p.stdout) == (0, "ok\n"), (p.returncode, p.stderr[-2000:])
 
 
+@pytest.mark.parametrize(("hidden", "step"), [("/tmp", "workdir"), ("/run", "identity")])
+def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(hidden: str, step: str) -> None:
+    # A fresh host workdir goes to /tmp, the per-run uids' locks to /run: read-only there,
+    # the caller got a raw OSError (the CLI: "internal error").
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root and util-linux unshare: a mount namespace of the caller's own")
+    code = "import sandbox; r = sandbox.run(['true'], profile='nested'); print(r.status, r.error_step)"
+    p = subprocess.run(["unshare", "--mount", "sh", "-c", f'mount -t tmpfs -o ro none {hidden} && exec "$@"', "sh",
+                        sys.executable, "-c", code], env=env(SANDBOXRUN_CGROUP="none", TMPDIR="/tmp"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["setup_error", step], (p.stdout, p.stderr[-2000:])
+
+
 INNOCENT = """
 import subprocess, sys
 from sandbox.isolation.uids import kill_processes_of

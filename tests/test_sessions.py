@@ -472,7 +472,10 @@ def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them(
         assert ns.stdout is not None
         sid = ns.stdout.readline().strip()
         m = sessions.Session(sid).meta
-        until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
+        try:
+            until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
+        except AssertionError:
+            raise AssertionError((sid, sessions.Session(sid).meta, sessions.Session(sid).state)) from None
         m = sessions.Session(sid).meta
         with open(f"/proc/{m['pid']}/comm") as f:
             assert f.read().strip() == "sandboxrun-init", m
@@ -480,7 +483,14 @@ def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them(
         assert sessions.Session(sid).state == "running"
     finally:
         ns.kill()
-        ns.wait()
+        ns.wait()  # its SIGKILLed monitor left its run's cgroup: a dead namespace's, swept
+        from sandbox.isolation import cgroups
+
+        ours = f"-n{cgroups._own_pid_namespace():x}-"
+        deadline = time.monotonic() + 10
+        while any(ours not in c for c in leaks.runner_cgroups()) and time.monotonic() < deadline:
+            cgroups.detect().sweep_stale()
+            time.sleep(0.05)
 
 
 def test_a_reader_with_its_own_proc_leaves_a_live_session_alone(contained) -> None:

@@ -254,51 +254,85 @@ class Backend:
 
 
 def owner_tag() -> str:
-    """What names a run's cgroup or fresh workdir after its supervisor: its pid and its pid
-    namespace ("<pid>-n<inode>"). Cgroup hierarchies and /tmp are shared by callers in other
-    pid namespaces, where the same pid is another process: a name with the pid alone let a
-    supervisor judge (and kill) the live run of a caller elsewhere."""
-    return f"{os.getpid()}-n{_own_pid_namespace():x}"
+    """What names a run's cgroup or fresh workdir after its supervisor: its pid, its pid
+    namespace and a token of its own ("<pid>-n<inode>-t<token>"). Cgroup hierarchies and
+    /tmp are shared by callers in other pid namespaces, where the same pid is another
+    process (a name with the pid alone let a supervisor judge, and kill, the live run of a
+    caller elsewhere), and a pid namespace's inode is reused once it is gone."""
+    pid, ns, token = _own()
+    return f"{pid}-n{ns:x}-t{token}"
 
 
-_pid_ns: tuple[int, int] | None = None  # (our pid, our pid namespace's inode): a fork looks again
+_OWN: tuple[int, int, str] | None = None
+INIT_PID_NAMESPACE = 0xEFFFFFFC  # the kernel's PROC_PID_INIT_INO: whose /proc shows every process
+
+
+def _own() -> tuple[int, int, str]:
+    """(our pid, our pid namespace's inode, our token), looked up again after a fork."""
+    global _OWN
+    if _OWN is None or _OWN[0] != os.getpid():
+        try:
+            ns = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            ns = 0
+        _OWN = (os.getpid(), ns, os.urandom(3).hex())
+    return _OWN
 
 
 def _own_pid_namespace() -> int:
-    global _pid_ns
-    if _pid_ns is None or _pid_ns[0] != os.getpid():
-        try:
-            ino = os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            ino = 0
-        _pid_ns = (os.getpid(), ino)
-    return _pid_ns[1]
+    return _own()[1]
 
 
-def owner_is_gone(rest: str) -> bool:
-    """For a name's part after the prefix ("<pid>-n<ns>-..." or an older "<pid>-..."): its
-    supervisor is dead. Never for one of another pid namespace, whose pids mean nothing here:
-    its own namespace's supervisors judge it."""
+def _live_pid_namespaces() -> set[int] | None:
+    """The pid namespaces some process is in now; None where we cannot see every process."""
+    if _own_pid_namespace() != INIT_PID_NAMESPACE:
+        return None
+    out: set[int] = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                link = os.readlink(f"/proc/{name}/ns/pid")  # "pid:[4026531836]"
+                out.add(int(link[link.index("[") + 1:-1]))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def owner_is_gone(rest: str, live: set[int] | None = None) -> bool:
+    """For a name's part after the prefix ("<pid>-n<ns>-t<token>-..." or an older
+    "<pid>-..."): its supervisor is dead. One of another pid namespace, whose pids mean
+    nothing here, only when no process is in that namespace any more (`live`: what
+    _live_pid_namespaces said; None: we cannot tell, so it is not ours to judge)."""
     parts = rest.split("-")
     if not parts[0].isdigit():
         return False
     owner = int(parts[0])
-    if len(parts) > 1 and parts[1].startswith("n"):
-        try:
-            if int(parts[1][1:], 16) != _own_pid_namespace():
-                return False
-        except ValueError:
-            return False
-    return owner != os.getpid() and not _pid_alive(owner)
+    tags = {p[0]: p[1:] for p in parts[1:3] if p[:1] in ("n", "t")}
+    if "n" not in tags:  # an older name: the pid alone
+        return owner != os.getpid() and not _pid_alive(owner)
+    try:
+        ns = int(tags["n"], 16)
+    except ValueError:
+        return False
+    pid, own_ns, token = _own()
+    if ns != own_ns:
+        return live is not None and ns not in live
+    if owner == pid:
+        return tags.get("t", token) != token  # our pid, another token: its holder before us
+    return not _pid_alive(owner)
 
 
 def _name() -> str:
     return f"{PREFIX}{owner_tag()}-{next(_seq)}"
 
 
-def _stale(name: str) -> bool:
-    """A sandboxrun cgroup whose owning supervisor is dead."""
-    return owner_is_gone(name[len(PREFIX):])
+def gone_owners(names: list[str], prefix: str = PREFIX) -> list[str]:
+    """Those of `names` (with `prefix`) whose supervisor is dead (owner_is_gone); the live
+    pid namespaces are read only when a name of another one is there."""
+    own_ns = f"-n{_own_pid_namespace():x}-"
+    foreign = any("-n" in n and own_ns not in n for n in names)
+    live = _live_pid_namespaces() if foreign else None
+    return [n for n in names if n.startswith(prefix) and owner_is_gone(n[len(prefix):], live)]
 
 
 class V1Backend(Backend):
@@ -355,13 +389,12 @@ class V1Backend(Backend):
                 names = [e for e in os.listdir(base) if e.startswith(PREFIX)]
             except OSError:
                 continue
-            for e in names:
-                if _stale(e):
-                    try:
-                        RunCgroup("v1", [os.path.join(base, e)]).remove()
-                        n += 1
-                    except OSError:
-                        pass
+            for e in gone_owners(names):
+                try:
+                    RunCgroup("v1", [os.path.join(base, e)]).remove()
+                    n += 1
+                except OSError:
+                    pass
         return n
 
 
@@ -408,13 +441,12 @@ class V2Backend(Backend):
             names = [e for e in os.listdir(self.parent) if e.startswith(PREFIX)]
         except OSError:
             return 0
-        for e in names:
-            if _stale(e):
-                try:
-                    RunCgroup("v2", [os.path.join(self.parent, e)]).remove()
-                    n += 1
-                except OSError:
-                    pass
+        for e in gone_owners(names):
+            try:
+                RunCgroup("v2", [os.path.join(self.parent, e)]).remove()
+                n += 1
+            except OSError:
+                pass
         return n
 
 
