@@ -418,7 +418,9 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             group=f"{name}:x:{gid}:\n" + ("" if gid == 0 else "root:x:0:\n") + "nogroup:x:65534:\n",
         )
-    rl: list[tuple[str, int]] = [("core", 0)]
+    from .isolation.rlimits import FIXED
+
+    rl: list[tuple[str, int]] = [("core", 0), *FIXED]
     if lim.cpu_time is not None:
         rl.append(("cpu_time", max(1, math.ceil(lim.cpu_time))))
     for key in ("address_space", "file_size", "open_files", "processes"):

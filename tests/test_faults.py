@@ -704,6 +704,22 @@ def test_a_command_that_does_not_read_its_stdin_cannot_kill_a_caller_with_sigpip
     assert (p.returncode, p.stdout) == (0, "ok\n"), (p.returncode, p.stderr[-2000:])
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_limits_no_profile_names_are_the_usual_defaults_not_the_callers(path: str) -> None:
+    # An unlimited stack selects the legacy mmap layout (less ASLR); a caller's real-time
+    # priority or locked-memory allowance would be the untrusted command's to use.
+    if shutil.which("prlimit") is None:
+        pytest.skip("util-linux prlimit is not installed")
+    p = subprocess.run(["prlimit", "--stack=unlimited", sys.executable, "-m", "sandbox", "--", "cat",
+                        "/proc/self/limits"], env=env(SANDBOXRUN_NATIVE="1" if path == "native" else "0"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    limits = {line[:26].strip(): line[26:].split()[:2] for line in p.stdout.splitlines()[1:]}
+    assert limits["Max stack size"] == [str(8 << 20)] * 2, limits
+    assert limits["Max locked memory"] == [str(8 << 20)] * 2, limits
+    assert limits["Max realtime priority"] == ["0", "0"] and limits["Max nice priority"] == ["0", "0"], limits
+
+
 @pytest.mark.parametrize(("hidden", "step"), [("/tmp", "workdir"), ("/run", "identity")])
 def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(hidden: str, step: str) -> None:
     # A fresh host workdir goes to /tmp, the per-run uids' locks to /run: read-only there,

@@ -11,7 +11,18 @@ NAMES = {
     "open_files": resource.RLIMIT_NOFILE,
     "processes": resource.RLIMIT_NPROC,
     "core": resource.RLIMIT_CORE,
+    "stack": resource.RLIMIT_STACK,
+    "locked_memory": resource.RLIMIT_MEMLOCK,
+    "realtime_priority": resource.RLIMIT_RTPRIO,
+    "nice": resource.RLIMIT_NICE,
+    "message_queues": resource.RLIMIT_MSGQUEUE,
 }
+
+# Limits no profile names, at the kernel's usual defaults rather than the caller's: a caller
+# with an unlimited stack (the legacy mmap layout: less ASLR), real-time priority allowed,
+# or unlimited locked memory would hand them to the untrusted command.
+FIXED = (("stack", 8 << 20), ("locked_memory", 8 << 20), ("realtime_priority", 0), ("nice", 0),
+         ("message_queues", 819200))
 
 
 def apply(limits: tuple[tuple[str, int], ...]) -> None:
