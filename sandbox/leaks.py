@@ -230,6 +230,24 @@ def runner_cgroups(owner: int | None = None, root: str = CGROUP_ROOT) -> list[st
     return sorted(out)
 
 
+def _this_namespace(path: str) -> bool:
+    """Named by a supervisor of our pid namespace (or before names said which)."""
+    from .isolation.cgroups import _own_pid_namespace
+
+    name = os.path.basename(path)
+    return "-n" not in name or f"-n{_own_pid_namespace():x}-" in name
+
+
+def _ours_or_stale(path: str, ours: set[int]) -> bool:
+    """A run cgroup of our process tree, or one whose supervisor is gone (cgroups.owner_is_gone:
+    a pid of another pid namespace is not one of ours, nor judged by our pids)."""
+    from .isolation.cgroups import gone_owners
+
+    if cgroup_owner(path) in ours and _this_namespace(path):
+        return True
+    return bool(gone_owners([os.path.basename(path)]))
+
+
 def cgroup_owner(path: str) -> int | None:
     """The supervisor pid a runner cgroup's name carries, or None."""
     parts = os.path.basename(path)[len(NAME) + 1:].split("-")
@@ -336,8 +354,8 @@ def snapshot(owner: int | None = None, *, temp_bases: Iterable[str] | None = Non
     inits = [p for p in table if p.comm == f"{NAME}-init" and p.state != "Z"]
     our_inits = [p for p in inits if p.pid in ours or p.ppid == 1 or p.ppid not in alive]
     all_cgs = runner_cgroups()
-    cgs = [c for c in all_cgs if cgroup_owner(c) in ours or cgroup_owner(c) not in alive]
-    own = [c for c in all_cgs if cgroup_owner(c) == pid]
+    cgs = [c for c in all_cgs if _ours_or_stale(c, ours)]
+    own = [c for c in all_cgs if cgroup_owner(c) == pid and _this_namespace(c)]
     mnt = mounts(proc)
     rmnt = [m for m in mnt if NAME in m]
     tmps = temp_dirs(temp_bases)
