@@ -117,8 +117,8 @@ def _await_cgroup(sync_fd: int) -> None:
 
 def _reset_process_state() -> None:
     """What the caller's own state would otherwise hand the run (as stage.c's
-    reset_process_state): umask, personality (setarch -R: no ASLR), nice, real-time
-    scheduling. The command starts from defaults."""
+    reset_process_state): umask, personality (setarch -R: no ASLR), nice, I/O class,
+    real-time scheduling. The command starts from defaults."""
     os.umask(0o022)
     try:
         with open("/proc/self/personality") as f:
@@ -135,6 +135,9 @@ def _reset_process_state() -> None:
         pass  # rootless and niced: raising our priority back to 0 is not ours to do
     if os.sched_getscheduler(0) != os.SCHED_OTHER:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    from .isolation.syscalls import reset_io_priority  # (ctypes: preloaded by the forker)
+
+    reset_io_priority()
 
 
 def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str, float]) -> None:
@@ -450,6 +453,10 @@ def child_main(plan: RunPlan, report_fd: int, cgroup_fds: list[int]) -> None:
         # too (pending, never acted on): without a pid namespace or a Landlock scope the command
         # could end us with any signal whose default is to terminate, orphaning its processes.
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        if not plan.pid_namespace:  # (a PID 1 of its own ignores them: no handler of ours)
+            from .isolation.syscalls import block_libc_signals
+
+            block_libc_signals()
         t = time.perf_counter()
         pid = _spawn(plan)
         if plan.trace:

@@ -298,3 +298,20 @@ def _remove_in(dfd: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dfd)
+
+
+def only_ours_to_rename(path: str) -> bool:
+    """Every component of `path` a directory (not a link) owned by root or us, and writable
+    by no one else unless sticky (where others cannot rename what they do not own)."""
+    me = os.geteuid()
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    for i in range(len(parts) + 1):
+        try:
+            st = os.lstat("/" + "/".join(parts[:i]))
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
+            return False
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True

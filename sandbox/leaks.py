@@ -232,10 +232,10 @@ def runner_cgroups(owner: int | None = None, root: str = CGROUP_ROOT) -> list[st
 
 def _this_namespace(path: str) -> bool:
     """Named by a supervisor of our pid namespace (or before names said which)."""
-    from .isolation.cgroups import _own_pid_namespace
+    from .isolation.cgroups import own_pid_namespace
 
     name = os.path.basename(path)
-    return "-n" not in name or f"-n{_own_pid_namespace():x}-" in name
+    return "-n" not in name or f"-n{own_pid_namespace():x}-" in name
 
 
 def _ours_or_stale(path: str, ours: set[int]) -> bool:

@@ -162,7 +162,10 @@ class Monitor:
             raise RuntimeError(f"{self.sdir}: request.json or meta.json missing")
         token = secrets.token_hex(8)
         me = proc_self()  # as /proc numbers us: what readers look up
-        self._set_meta(monitor_pid=me, monitor_start=proc_starttime(me), log_token=token)
+        from .isolation.cgroups import own_pid_namespace
+
+        self._set_meta(monitor_pid=me, monitor_start=proc_starttime(me), log_token=token,
+                       pid_ns=own_pid_namespace())
         self.prof = prof = profile_from_json(self.req["profile"])
         if os.geteuid() == 0:
             # Fork from here, while this process has one thread. Not rootless: a direct fork

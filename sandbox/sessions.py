@@ -479,8 +479,14 @@ class Session:
             return "lost"
         if not _readable_here(m):
             # Started where /proc numbers processes otherwise (another pid namespace): its
-            # pids mean nothing here, so nothing is judged dead, nor killed, from here.
-            return "running" if m.get("state") == "running" else "starting"
+            # pids mean nothing here, so nothing is killed from here; it is judged lost only
+            # once no process is in its monitor's pid namespace (all of it is gone then).
+            from .isolation.cgroups import live_pid_namespaces
+
+            live = live_pid_namespaces()
+            if live is None or m.get("pid_ns") is None or m["pid_ns"] in live:
+                return "running" if m.get("state") == "running" else "starting"
+            return self._lost(m)
         if self._monitor_alive(m):
             return "running" if m.get("state") == "running" else "starting"
         if os.path.exists(self._path("result.json")):  # it ended between the two reads
@@ -488,6 +494,9 @@ class Session:
         # Should the kernel not have killed it with its monitor (PR_SET_PDEATHSIG), nothing may
         # run unsupervised: the pid namespace dies with its init.
         _kill_if(m.get("pid"), m.get("pid_start"))
+        return self._lost(m)
+
+    def _lost(self, m: dict[str, Any]) -> str:
         m["state"], m["ended_at"] = "lost", time.time()
         try:
             write_json(self._path("meta.json"), m)  # so the TTL counts from now

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from . import profile as profiles
 from .errors import InputError
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
-from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, remove_tree
+from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, only_ours_to_rename, remove_tree
 from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
@@ -269,24 +269,7 @@ def _tmpdir() -> str:
     an entry on its way (a workdir swapped for a link would be chowned and handed to the
     run), else /tmp."""
     d = os.environ.get("TMPDIR", "")
-    return os.path.normpath(d) if d.startswith("/") and _only_ours_to_rename(d) else "/tmp"
-
-
-def _only_ours_to_rename(path: str) -> bool:
-    """Every component of `path` a directory (not a link) owned by root or us, and writable
-    by no one else unless sticky (where others cannot rename what they do not own)."""
-    me = os.geteuid()
-    parts = [p for p in os.path.normpath(path).split("/") if p]
-    for i in range(len(parts) + 1):
-        try:
-            st = os.lstat("/" + "/".join(parts[:i]))
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
-            return False
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            return False
-    return True
+    return os.path.normpath(d) if d.startswith("/") and only_ours_to_rename(d) else "/tmp"
 
 
 def _mkdtemp() -> tuple[str, tuple[int, int]]:
@@ -418,9 +401,9 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             group=f"{name}:x:{gid}:\n" + ("" if gid == 0 else "root:x:0:\n") + "nogroup:x:65534:\n",
         )
-    from .isolation.rlimits import FIXED
+    from .isolation.rlimits import fixed
 
-    rl: list[tuple[str, int]] = [("core", 0), *FIXED]
+    rl: list[tuple[str, int]] = [("core", 0), *fixed()]
     if lim.cpu_time is not None:
         rl.append(("cpu_time", max(1, math.ceil(lim.cpu_time))))
     for key in ("address_space", "file_size", "open_files", "processes"):

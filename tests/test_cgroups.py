@@ -498,7 +498,7 @@ def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None
     # was taken for a dead supervisor's, and its processes were killed.
     from sandbox.isolation import cgroups
 
-    ours = f"{cgroups._own_pid_namespace():x}"
+    ours = f"{cgroups.own_pid_namespace():x}"
     dead = 4_194_303  # above any pid_max default: no process has it
     assert cgroups._name().startswith(f"sandboxrun-{os.getpid()}-n{ours}-")
     assert cgroups.owner_is_gone(f"{dead}-n{ours}-0")
@@ -511,6 +511,25 @@ def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None
     other = int(ours, 16) + 1
     assert cgroups.owner_is_gone(f"{dead}-n{other:x}-t0-0", live=set())
     assert not cgroups.owner_is_gone(f"{dead}-n{other:x}-t0-0", live={other})
+    assert not cgroups.owner_is_gone(f"{dead}")  # /tmp/sandboxrun-<uid>: a user's session state, no run's
+
+
+def test_namespaces_we_cannot_see_are_never_taken_for_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root without CAP_SYS_PTRACE cannot read other users' /proc/<pid>/ns/pid: every other
+    # namespace looked empty, and a sweep killed the live runs of callers there.
+    from sandbox.isolation import cgroups
+
+    if cgroups.own_pid_namespace() != cgroups.INIT_PID_NAMESPACE:
+        pytest.skip("only a supervisor in the initial pid namespace judges other namespaces")
+    real = os.readlink
+
+    def denied(path: str, *a: object, **k: object) -> str:
+        if path.startswith("/proc/") and path.endswith("/ns/pid") and path != "/proc/self/ns/pid":
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "readlink", denied)
+    assert cgroups.live_pid_namespaces() is None
 
 
 NS_CALLER = """

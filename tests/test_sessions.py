@@ -486,7 +486,7 @@ def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them(
         ns.wait()  # its SIGKILLed monitor left its run's cgroup: a dead namespace's, swept
         from sandbox.isolation import cgroups
 
-        ours = f"-n{cgroups._own_pid_namespace():x}-"
+        ours = f"-n{cgroups.own_pid_namespace():x}-"
         deadline = time.monotonic() + 10
         while any(ours not in c for c in leaks.runner_cgroups()) and time.monotonic() < deadline:
             cgroups.detect().sweep_stale()
@@ -508,3 +508,32 @@ def test_a_reader_with_its_own_proc_leaves_a_live_session_alone(contained) -> No
     pid = sessions.Session(sid).pid
     assert cli("kill", sid).returncode == 0
     until(lambda: gone(pid), what="the killed sandbox to go")
+
+
+def test_a_session_whose_pid_namespace_died_reads_lost_where_its_pids_mean_nothing(contained) -> None:
+    # Started with a /proc of its own (unshare --pid --mount-proc), its pids cannot be judged
+    # from the host; once no process is in its monitor's namespace, all of it is gone: it
+    # stayed "running" for good, and wait, kill, clear and remove could not end it.
+    from sandbox.isolation import cgroups
+
+    if os.geteuid() != 0 or cgroups.live_pid_namespaces() is None:
+        pytest.skip("root in the initial pid namespace, able to see every process's")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ns = subprocess.Popen(_in_pid_namespace(["sh", "-c", '"$@" start -- sleep 60 && exec sleep 60', "sh",
+                                             sys.executable, "-m", "sandbox"], own_proc=True),
+                          env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert ns.stdout is not None
+        sid = ns.stdout.readline().strip()
+        until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
+        assert sessions.Session(sid).state == "running"
+    finally:
+        ns.kill()
+        ns.wait()
+    until(lambda: sessions.Session(sid).state == "lost", what="the session to read lost")
+    sessions.Session(sid).remove(grace=0)
+    deadline = time.monotonic() + 10
+    while any(f"-n{cgroups.own_pid_namespace():x}-" not in c for c in leaks.runner_cgroups()):
+        assert time.monotonic() < deadline, leaks.runner_cgroups()
+        cgroups.detect().sweep_stale()
+        time.sleep(0.05)

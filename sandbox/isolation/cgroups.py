@@ -279,13 +279,13 @@ def _own() -> tuple[int, int, str]:
     return _OWN
 
 
-def _own_pid_namespace() -> int:
+def own_pid_namespace() -> int:
     return _own()[1]
 
 
-def _live_pid_namespaces() -> set[int] | None:
+def live_pid_namespaces() -> set[int] | None:
     """The pid namespaces some process is in now; None where we cannot see every process."""
-    if _own_pid_namespace() != INIT_PID_NAMESPACE:
+    if own_pid_namespace() != INIT_PID_NAMESPACE:
         return None
     out: set[int] = set()
     for name in os.listdir("/proc"):
@@ -293,8 +293,14 @@ def _live_pid_namespaces() -> set[int] | None:
             try:
                 link = os.readlink(f"/proc/{name}/ns/pid")  # "pid:[4026531836]"
                 out.add(int(link[link.index("[") + 1:-1]))
+            except FileNotFoundError:
+                pass  # exited meanwhile
+            except PermissionError:
+                if name == "1":
+                    continue  # our namespace's init: in it, whatever it lets us read
+                return None  # (root without CAP_SYS_PTRACE): a namespace we cannot see is not dead
             except (OSError, ValueError):
-                pass
+                return None
     return out
 
 
@@ -302,10 +308,10 @@ def owner_is_gone(rest: str, live: set[int] | None = None) -> bool:
     """For a name's part after the prefix ("<pid>-n<ns>-t<token>-..." or an older
     "<pid>-..."): its supervisor is dead. One of another pid namespace, whose pids mean
     nothing here, only when no process is in that namespace any more (`live`: what
-    _live_pid_namespaces said; None: we cannot tell, so it is not ours to judge)."""
+    live_pid_namespaces said; None: we cannot tell, so it is not ours to judge)."""
     parts = rest.split("-")
-    if not parts[0].isdigit():
-        return False
+    if len(parts) < 2 or not parts[0].isdigit():
+        return False  # (not a run's: /tmp/sandboxrun-<uid> is a user's session state)
     owner = int(parts[0])
     tags = {p[0]: p[1:] for p in parts[1:3] if p[:1] in ("n", "t")}
     if "n" not in tags:  # an older name: the pid alone
@@ -329,9 +335,9 @@ def _name() -> str:
 def gone_owners(names: list[str], prefix: str = PREFIX) -> list[str]:
     """Those of `names` (with `prefix`) whose supervisor is dead (owner_is_gone); the live
     pid namespaces are read only when a name of another one is there."""
-    own_ns = f"-n{_own_pid_namespace():x}-"
+    own_ns = f"-n{own_pid_namespace():x}-"
     foreign = any("-n" in n and own_ns not in n for n in names)
-    live = _live_pid_namespaces() if foreign else None
+    live = live_pid_namespaces() if foreign else None
     return [n for n in names if n.startswith(prefix) and owner_is_gone(n[len(prefix):], live)]
 
 

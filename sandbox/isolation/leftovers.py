@@ -22,7 +22,12 @@ def remove_files_of(uid: int, dirs: tuple[str, ...] = SHARED_DIRS) -> int:
     from ..hostpaths import remove_tree
 
     removed = 0
-    for d in dict.fromkeys(d for d in (*dirs, os.environ.get("TMPDIR", "")) if d):
+    from ..hostpaths import only_ours_to_rename
+
+    tmpdir = os.environ.get("TMPDIR", "")
+    # $TMPDIR only where no one else could swap what is removed for a link to elsewhere.
+    extra = (tmpdir,) if tmpdir.startswith("/") and only_ours_to_rename(tmpdir) else ()
+    for d in dict.fromkeys(d for d in (*dirs, *extra) if d):
         try:
             entries = list(os.scandir(d))
         except OSError:

@@ -25,6 +25,16 @@ FIXED = (("stack", 8 << 20), ("locked_memory", 8 << 20), ("realtime_priority", 0
          ("message_queues", 819200))
 
 
+def fixed() -> tuple[tuple[str, int], ...]:
+    """FIXED, each no higher than our own hard limit: raising one takes CAP_SYS_RESOURCE,
+    which a container's root often lacks (memlock 64 KiB there), and the run would fail."""
+    out = []
+    for name, value in FIXED:
+        hard = resource.getrlimit(NAMES[name])[1]
+        out.append((name, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return tuple(out)
+
+
 def apply(limits: tuple[tuple[str, int], ...]) -> None:
     for name, value in limits:
         resource.setrlimit(NAMES[name], (value, value))

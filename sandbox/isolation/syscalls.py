@@ -90,6 +90,26 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _check(_c()[0].syscall(_SYS_PIVOT_ROOT, _b(new_root), _b(put_old)), "pivot_root")
 
 
+_SYS_RT_SIGPROCMASK = {"x86_64": 14, "aarch64": 135}.get(os.uname().machine, 14)
+_SIG_BLOCK = 0
+
+
+def block_libc_signals() -> None:
+    """Block signals 32 and 33 too, which glibc keeps for itself and refuses to block (Python's
+    pthread_sigmask goes through it): the raw syscall, on the kernel's 64-bit mask."""
+    libc, ctypes = _c()
+    mask = ctypes.c_uint64((1 << 31) | (1 << 32))
+    _check(libc.syscall(_SYS_RT_SIGPROCMASK, _SIG_BLOCK, ctypes.byref(mask), None, 8), "rt_sigprocmask")
+
+
+_SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(os.uname().machine, 251)
+
+
+def reset_io_priority() -> None:
+    """The default I/O class and level (a caller's `ionice -c1`, real-time, is not the run's)."""
+    _c()[0].syscall(_SYS_IOPRIO_SET, 1, 0, 0)  # IOPRIO_WHO_PROCESS, ourselves, none
+
+
 def unshare(flags: int) -> None:
     _check(_c()[0].unshare(flags), "unshare")
 

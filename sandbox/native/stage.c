@@ -974,12 +974,13 @@ static void run(void) {
 }
 
 /* What a caller's own state would otherwise hand the run: its umask (077 made the view's
-   /etc unreadable), its personality (setarch -R: no ASLR), its nice value and real-time
+   /etc unreadable), its personality (setarch -R: no ASLR), its nice value, I/O class and real-time
    scheduling (untrusted code at the caller's priority). The command starts from defaults. */
 static void reset_process_state(void) {
     umask(022);
     if (personality(0xffffffff) != PER_LINUX) personality(PER_LINUX);
     setpriority(PRIO_PROCESS, 0, 0);
+    syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, 0);  /* the default class (ionice -c1 is real-time) */
     /* raw syscalls: musl's wrappers answer ENOSYS (POSIX means the process, Linux the thread) */
     if (syscall(SYS_sched_getscheduler, 0) != SCHED_OTHER) {
         struct sched_param sp = {0};
