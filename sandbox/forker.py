@@ -167,41 +167,42 @@ def _make_template(plan: RunPlan) -> int:
             unshare(CLONE_NEWNS)
             assert plan.view is not None
             build_template(plan.view, [""])
-            theirs.send(template_said().encode())
+            theirs.send(b"1")
             theirs.recv(1)  # until the forker has opened our namespace
         except BaseException:  # noqa: BLE001 - fall back to building each view in full
             pass
         os._exit(0)
     theirs.close()
     try:
-        return open_template(ours.recv(64).decode(errors="replace"))
+        if ours.recv(1) != b"1":
+            return -1
+        return open_template(pid)
     except OSError:
         return -1
     finally:
         ours.close()
 
 
-def template_said() -> str:
-    """What a template helper says once its mount namespace is built: its pid as /proc
-    numbers it and that namespace's inode (stage.c's 'H' says the same)."""
-    return f"{os.readlink('/proc/self')} {os.stat('/proc/self/ns/mnt').st_ino}"
+def open_template(pid: int) -> int:
+    """An fd of the mount namespace of our child `pid`, a template's builder that holds it
+    (alive until we let it go), or -1. By the number /proc gives it (from a pidfd), not by
+    the one fork() gave us: where /proc belongs to an ancestor pid namespace (a caller in one
+    without its own /proc) ours names another process, and its namespace (the host's) would
+    have become every run's view."""
+    import select
 
-
-def open_template(said: str) -> int:
-    """An fd of the mount namespace a template helper (alive, holding it) announced, or -1.
-    By the number /proc gives the helper, not the one fork() gave us: where /proc belongs to
-    an ancestor pid namespace (a caller in one without its own /proc) ours names another
-    process, and its namespace (the host's) would have become every run's view. The
-    namespace's inode is checked against the helper's own word."""
+    pidfd = os.pidfd_open(pid)
     try:
-        pid, ino = (int(x) for x in said.split())
-    except ValueError:
-        return -1
-    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    if os.fstat(fd).st_ino != ino:
-        os.close(fd)
-        return -1
-    return fd
+        number = host_pid(pidfd)
+        if number <= 0:
+            return -1
+        fd = os.open(f"/proc/{number}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if select.select([pidfd], [], [], 0)[0]:  # it exited meanwhile: the number may be another's
+            os.close(fd)
+            return -1
+        return fd
+    finally:
+        os.close(pidfd)
 
 
 def _become_pid1() -> None:

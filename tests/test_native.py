@@ -293,3 +293,19 @@ def test_a_stage_no_compiler_can_build_names_what_was_tried(monkeypatch: pytest.
     with pytest.raises(OSError, match=r"tried .*broken-cc\): broken-cc: broken on purpose"):
         _build(tmp_path)
     assert os.listdir(tmp_path / "cache") == []  # no half-written binary left
+
+
+def test_a_long_lived_caller_builds_each_view_from_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A template that cannot be opened falls back to a full build on every run: still
+    # correct, but ~1 ms a run slower, and silent (a change broke it once, unseen).
+    from sandbox import supervisor
+
+    monkeypatch.setattr(supervisor, "_native", None)  # a forker of this test's own
+    monkeypatch.delenv("SANDBOXRUN_NO_TEMPLATE", raising=False)
+    try:
+        assert sandbox.run(["true"]).status == "ok"
+        forker = supervisor._native
+        assert forker is not None and len(forker.templates) == 1 and not forker._failed, forker._failed
+    finally:
+        if supervisor._native is not None:
+            supervisor._native.close()

@@ -154,10 +154,9 @@ class NativeForker:
             for fd in (hold_r, rep_w, null):
                 os.close(fd)
         try:
-            said = _read_line(rep_r)
-            if not said.startswith("R "):
+            if _read_line(rep_r) != "R":
                 return -1
-            return open_template(said[2:])
+            return open_template(pid)
         except OSError:
             return -1
         finally:
