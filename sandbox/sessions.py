@@ -192,23 +192,14 @@ def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
     `start`: checked through a fd of its /proc directory, which the signal goes through."""
     if not (isinstance(pid, int) and pid > 0 and start is not None):
         return
-    try:
-        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        st = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
-        try:
-            text = os.read(st, 4096)
-        finally:
-            os.close(st)
+    from .isolation.proctree import read_through, signal_if
+
+    def same(fd: int) -> bool:
+        text = read_through(fd, "stat")
         fields = text[text.rfind(b")") + 2:].split()
-        if fields and fields[0] not in (b"Z", b"X") and int(fields[19]) == start:
-            signal.pidfd_send_signal(fd, sig)
-    except (OSError, ValueError, IndexError):
-        pass
-    finally:
-        os.close(fd)
+        return bool(fields) and fields[0] not in (b"Z", b"X") and int(fields[19]) == start
+
+    signal_if(pid, sig, same)
 
 
 def _rmtree(path: str) -> None:

@@ -600,15 +600,21 @@ def test_nested_runs_from_a_pid_namespace_whose_proc_is_the_hosts(owned: tuple[s
             end_marked(mark)
 
 
-def test_fresh_workdirs_ignore_a_tmpdir_others_can_rename_in(tmp_path: Path) -> None:
+@pytest.fixture
+def theirs(tmp_path: Path) -> Path:
+    """A directory someone else (OWNER_UID) owns, as a $TMPDIR could be (root callers only)."""
+    if os.geteuid() != 0:
+        pytest.skip("root works in temp directories on per-run uids' behalf")
+    tmp_path.chmod(0o755)
+    d = tmp_path / "theirs"
+    d.mkdir()
+    os.chown(d, OWNER_UID, OWNER_UID)
+    return d
+
+
+def test_fresh_workdirs_ignore_a_tmpdir_others_can_rename_in(theirs: Path, tmp_path: Path) -> None:
     # A fresh host workdir (nested, no cwd) is chowned to the run and handed to it: under a
     # $TMPDIR whose owner is someone else, that owner could swap it for a link on its way.
-    if os.geteuid() != 0:
-        pytest.skip("root chowns fresh workdirs to per-run uids")
-    tmp_path.chmod(0o755)
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, OWNER_UID, OWNER_UID)
     ours = tmp_path / "ours"
     ours.mkdir(mode=0o700)
     for tmpdir, where in ((theirs, "/tmp/sandboxrun-"), (ours, f"{ours}/sandboxrun-")):
@@ -685,17 +691,11 @@ def test_the_command_starts_from_defaults_whatever_the_callers_own_state(path: s
     assert "realtime" not in io, p.stdout
 
 
-def test_leftovers_of_a_run_uid_are_not_removed_from_a_tmpdir_others_can_rename_in(tmp_path: Path) -> None:
+def test_leftovers_of_a_run_uid_are_not_removed_from_a_tmpdir_others_can_rename_in(theirs: Path) -> None:
     # What a run left in the shared temp directories is removed as root, by its uid: in a
     # $TMPDIR someone else can rename entries in, what is removed could be swapped for a link.
-    if os.geteuid() != 0:
-        pytest.skip("root removes what a per-run uid left")
     from sandbox.isolation import leftovers
 
-    tmp_path.chmod(0o755)
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, OWNER_UID, OWNER_UID)
     left = theirs / "left"
     left.write_text("x")
     os.chown(left, OWNER_UID + 1, OWNER_UID + 1)
@@ -868,15 +868,7 @@ def test_a_nested_run_born_pid_1_of_its_callers_namespace_still_dies_with_its_su
     mark, work = owned
     cmd = f"exec -a {mark} sleep 1000"
     argv, environ = _nested_as_owner(work, path, "--timeout", "30", "--", "bash", "-c", cmd)
-    p = subprocess.Popen(["unshare", "--pid", *argv], env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        wait_marked(mark, count=1)
-        p.kill()
-        p.wait()
-        assert_gone_within(mark, 10, "the supervisor was SIGKILLed")
-    finally:
-        end_marked(mark)
+    _kill_the_supervisor_mid_run(["unshare", "--pid", *argv], environ, mark, 1)
 
 
 @pytest.mark.parametrize("path", ["native", "python"])
@@ -886,9 +878,14 @@ def test_a_killed_supervisor_takes_a_nested_owner_runs_daemons_with_it(owned: tu
     mark, work = owned
     cmd = f"(setsid bash -c 'exec -a {mark} sleep 1000' > /dev/null 2>&1 &); exec -a {mark}b sleep 1000"
     argv, environ = _nested_as_owner(work, path, "--", "bash", "-c", cmd)
+    _kill_the_supervisor_mid_run(argv, environ, mark, 2)
+
+
+def _kill_the_supervisor_mid_run(argv: list[str], environ: dict[str, str], mark: str, count: int) -> None:
+    """Start the CLI, SIGKILL it once `count` processes tagged `mark` run; they must go too."""
     p = subprocess.Popen(argv, env=environ, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_marked(mark, count=2)
+        wait_marked(mark, count=count)
         p.kill()
         p.wait()
         assert_gone_within(mark, 10, "the supervisor was SIGKILLed")

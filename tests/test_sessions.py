@@ -454,8 +454,15 @@ def test_a_process_without_a_recorded_start_time_is_never_taken_for_alive() -> N
     assert sessions._alive(os.getpid(), sessions.proc_starttime(os.getpid()))
 
 
-def _in_pid_namespace(args: list[str], *, own_proc: bool) -> list[str]:
-    return ["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if own_proc else []), *args]
+def _start_in_pid_namespace(*, own_proc: bool) -> tuple[subprocess.Popen[str], str]:
+    """`sandboxrun start -- sleep 60` from a pid namespace of its own (with a /proc of its own
+    or the host's), which stays until the process returned is killed; and the session id."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", *(["--mount-proc"] if own_proc else []),
+                           "sh", "-c", '"$@" start -- sleep 60 && exec sleep 60', "sh", sys.executable, "-m",
+                           "sandbox"], env=env, stdout=subprocess.PIPE, text=True)
+    assert ns.stdout is not None
+    return ns, ns.stdout.readline().strip()
 
 
 def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them() -> None:
@@ -464,14 +471,8 @@ def test_a_session_started_in_a_pid_namespace_records_pids_as_proc_numbers_them(
     # `list` SIGKILLed an unrelated process that happened to have the sandbox's number).
     if os.geteuid() != 0:
         pytest.skip("root: a pid namespace of the starter's own")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    ns = subprocess.Popen(_in_pid_namespace(["sh", "-c", '"$@" start -- sleep 60 && exec sleep 60', "sh",
-                                             sys.executable, "-m", "sandbox"], own_proc=False),
-                          env=env, stdout=subprocess.PIPE, text=True)
+    ns, sid = _start_in_pid_namespace(own_proc=False)
     try:
-        assert ns.stdout is not None
-        sid = ns.stdout.readline().strip()
-        m = sessions.Session(sid).meta
         try:
             until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
         except AssertionError:
@@ -501,8 +502,8 @@ def test_a_reader_with_its_own_proc_leaves_a_live_session_alone(contained) -> No
     sid = cli("start", "--", "sleep", "60").stdout.decode().strip()
     until(lambda: sessions.Session(sid).state == "running", what="the session to run")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.run(_in_pid_namespace([sys.executable, "-m", "sandbox", "list", "--json"], own_proc=True),
-                       env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "sandbox",
+                        "list", "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert sessions.Session(sid).state == "running"
     pid = sessions.Session(sid).pid
@@ -518,13 +519,8 @@ def test_a_session_whose_pid_namespace_died_reads_lost_where_its_pids_mean_nothi
 
     if os.geteuid() != 0 or cgroups.live_pid_namespaces() is None:
         pytest.skip("root in the initial pid namespace, able to see every process's")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    ns = subprocess.Popen(_in_pid_namespace(["sh", "-c", '"$@" start -- sleep 60 && exec sleep 60', "sh",
-                                             sys.executable, "-m", "sandbox"], own_proc=True),
-                          env=env, stdout=subprocess.PIPE, text=True)
+    ns, sid = _start_in_pid_namespace(own_proc=True)
     try:
-        assert ns.stdout is not None
-        sid = ns.stdout.readline().strip()
         until(lambda: sessions.Session(sid).meta.get("pid"), what="the sandbox's pid")
         assert sessions.Session(sid).state == "running"
     finally:

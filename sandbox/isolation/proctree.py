@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 
 def _parse_ppid(data: bytes) -> int:
@@ -70,27 +71,44 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def read_through(proc_dir: int, name: str) -> bytes:
+    """A file of a process's /proc directory, read through a fd of that directory (so of
+    that very process, whatever has its pid since)."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_dir)
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
+def signal_if(pid: int, sig: int, still: Callable[[int], bool]) -> bool:
+    """Send `sig` to the process /proc numbers `pid` if `still(fd of its /proc directory)`,
+    which reads through that fd: the signal goes through the same fd (pidfd_send_signal takes
+    one), so what was checked is what is signalled. Whether it was sent."""
+    try:
+        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if still(fd):
+            signal.pidfd_send_signal(fd, sig)
+            return True
+    except (OSError, ValueError, IndexError):
+        pass
+    finally:
+        os.close(fd)
+    return False
+
+
 def signal_tree(root: int, sig: int) -> int:
     """Send `sig` to every descendant of `root` (a pid as /proc numbers it); how many it reached."""
     tree = descendants(root)
     tree.add(root)
-    sent = 0
-    for pid in sorted(tree - {root}):
-        try:
-            fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            stat = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)
-            try:
-                ppid = _parse_ppid(os.read(stat, 512))
-            finally:
-                os.close(stat)
-            if ppid in tree:  # read through the fd: this very process is still ours
-                signal.pidfd_send_signal(fd, sig)
-                sent += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return sent
+
+    def ours(fd: int) -> bool:  # its parent, read through the fd: this very process is still ours
+        return _parse_ppid(read_through(fd, "stat")) in tree
+
+    return sum(signal_if(pid, sig, ours) for pid in sorted(tree - {root}))

@@ -109,18 +109,6 @@ def _uids_of(pid: str) -> tuple[int, ...]:
         return _parse_uids(f.read())
 
 
-def _uids_of_fd(proc_dir: int) -> tuple[int, ...]:
-    """_uids_of, through a fd of the process's /proc directory."""
-    fd = os.open("status", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_dir)
-    try:
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-    finally:
-        os.close(fd)
-    return _parse_uids(data)
-
-
 def _parse_uids(status: bytes) -> tuple[int, ...]:
     fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
     state, threads = fields.get(b"State", b"").split()[:1], fields.get(b"Threads", b"1").strip()
@@ -151,7 +139,10 @@ def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
     """SIGKILL every process running as `uid` (a run's own uid, never shared), until none is
     left; the number killed. For runs with neither a pid namespace nor a cgroup to kill
     with: their double-forked daemons would outlive them, under a uid the next run gets."""
+    import signal
     import time
+
+    from .proctree import read_through, signal_if
 
     killed = 0
     deadline = time.monotonic() + timeout
@@ -163,29 +154,16 @@ def kill_processes_of(uid: int, timeout: float = 2.0) -> int:
             try:
                 if uid not in _uids_of(pid) or not _ours(pid):
                     continue
-                # A fd of its /proc directory: the pid is /proc's number, which is not ours
-                # where /proc belongs to an ancestor pid namespace (pidfd_open takes ours).
-                fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except (OSError, ValueError):
                 continue  # gone meanwhile
-            try:
-                if uid in _uids_of_fd(fd):  # read through the fd: that process, not a new one with its pid
-                    signal_pidfd(fd)
-                    found += 1
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            # Through a fd of its /proc directory: the pid is /proc's number, which is not ours
+            # where /proc belongs to an ancestor pid namespace (pidfd_open takes ours); its uids
+            # read through that fd are that process's, not a new one's with its pid.
+            found += signal_if(int(pid), signal.SIGKILL, lambda fd: uid in _parse_uids(read_through(fd, "status")))
         killed += found
         if not found or time.monotonic() > deadline:
             return killed
         time.sleep(0.002)  # a process forking as it dies: its children show up next round
-
-
-def signal_pidfd(fd: int) -> None:
-    import signal
-
-    signal.pidfd_send_signal(fd, signal.SIGKILL)
 
 
 _swept = False
