@@ -755,15 +755,19 @@ def test_limits_no_profile_names_are_the_usual_defaults_not_the_callers(path: st
     assert "Max locked memory         65536                65536" in p.stdout, p.stdout
 
 
-@pytest.mark.parametrize(("hidden", "step"), [("/tmp", "workdir"), ("/run", "identity")])
-def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(hidden: str, step: str) -> None:
-    # A fresh host workdir goes to /tmp, the per-run uids' locks to /run: read-only there,
+@pytest.mark.parametrize(("hidden", "step"), [("tmpdir", "workdir"), ("/run", "identity")])
+def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(hidden: str, step: str,
+                                                                               tmp_path: Path) -> None:
+    # A fresh host workdir goes to $TMPDIR, the per-run uids' locks to /run: read-only there,
     # the caller got a raw OSError (the CLI: "internal error").
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("root and util-linux unshare: a mount namespace of the caller's own")
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir(mode=0o755)
+    target = str(tmpdir) if hidden == "tmpdir" else hidden
     code = "import sandbox; r = sandbox.run(['true'], profile='nested'); print(r.status, r.error_step)"
-    p = subprocess.run(["unshare", "--mount", "sh", "-c", f'mount -t tmpfs -o ro none {hidden} && exec "$@"', "sh",
-                        sys.executable, "-c", code], env=env(SANDBOXRUN_CGROUP="none", TMPDIR="/tmp"), cwd=ROOT,
+    p = subprocess.run(["unshare", "--mount", "sh", "-c", f'mount -t tmpfs -o ro none {target} && exec "$@"', "sh",
+                        sys.executable, "-c", code], env=env(SANDBOXRUN_CGROUP="none", TMPDIR=str(tmpdir)), cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.split() == ["setup_error", step], (p.stdout, p.stderr[-2000:])
 
