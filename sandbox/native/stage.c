@@ -616,6 +616,10 @@ static void reap_the_rest(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = stop_waiting;  /* no SA_RESTART: waitpid returns EINTR */
     sigaction(SIGALRM, &sa, NULL);
+    sigset_t alarm_only;  /* every signal is held while we wait (exec_command): not this one */
+    sigemptyset(&alarm_only);
+    sigaddset(&alarm_only, SIGALRM);
+    sigprocmask(SIG_UNBLOCK, &alarm_only, NULL);
     kill(-1, SIGKILL);
     alarm(2);
     while (!gave_up && (waitpid(-1, NULL, __WALL) > 0 || errno == EINTR)) {}
