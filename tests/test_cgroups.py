@@ -1,4 +1,6 @@
-"""cgroups: the v2 file protocol against a fake tree, v1 and v2 for real where the host has them.
+"""cgroups: the v2 file protocol against a fake tree, v1 and v2 for real where the host has them
+(v2 without controllers, as a hybrid host's `unified` mount has, still runs join, kill,
+freeze, cgroup namespace and removal against the kernel itself).
 
 The fake tree stands in for cgroupfs: creating a directory under it makes the kernel's
 interface files appear (as mkdir in cgroupfs does), removing one takes them away.
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import end_marked
 
 from sandbox.isolation import cgroups
 from sandbox.isolation.cgroups import CgroupLimits, CgroupUnavailable, V1Backend, V2Backend
@@ -428,7 +431,8 @@ def test_v2_real_mount() -> None:
     ctl = Path(base, "cgroup.controllers").read_text().split()
     if "memory" not in ctl or "pids" not in ctl:
         pytest.skip(f"cgroup2 at {base} has controllers [{' '.join(ctl) or 'none'}]: "
-                    "not usable for memory/pids limits (the v2 protocol is covered by the fake-tree tests)")
+                    "not usable for memory/pids limits (v2 without controllers is run for real by the tests above; "
+                    "the limit files by the fake tree)")
     code = ("import json, sandbox; r = sandbox.run(['sh', '-c', 'cat /sys/fs/cgroup/memory.max 2>/dev/null; echo'],"
             " memory='64MiB'); print(json.dumps([r.status, r.isolation.cgroup, r.usage.peak_memory_bytes]))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SANDBOXRUN_CGROUP": "v2"},
@@ -436,6 +440,105 @@ def test_v2_real_mount() -> None:
     status, version, peak = __import__("json").loads(out.stdout.splitlines()[-1])
     assert (status, version) == ("ok", "v2") and peak > 0, out
     assert not glob.glob(os.path.join(base, "**", "sandboxrun-[0-9]*"), recursive=True)
+
+
+@pytest.fixture
+def real_v2_parent() -> Iterator[str]:
+    """A directory of our own in the host's real cgroup2 hierarchy, controllers or not (a
+    hybrid host's `unified` mount has none): the v2 protocol the fake tree stands in for
+    (cgroup.procs, cgroup.kill, cgroup.freeze, cpu.stat, rmdir) against the kernel itself."""
+    base = _real_v2()
+    if base is None or os.geteuid() != 0 or not os.access(base, os.W_OK):
+        pytest.skip("no writable cgroup2 mount on this host")
+    parent = os.path.join(base, f"sandboxrun-test-{os.getpid()}")
+    os.mkdir(parent)
+    try:
+        yield parent
+    finally:
+        for d in glob.glob(os.path.join(parent, "*/")):
+            cgroups.RunCgroup("v2", [d.rstrip("/")]).remove()
+        os.rmdir(parent)
+
+
+def _tree_in(cg: cgroups.RunCgroup, mark: str) -> subprocess.Popen[bytes]:
+    """A shell with a setsid'd daemon, moved into `cg`, started outside any sandbox: plain
+    sleeps, named `mark` (end_marked ends them if the test fails)."""
+    r, w = os.pipe()
+    proc = subprocess.Popen(["bash", "-c", f"read _; (setsid bash -c 'exec -a {mark} sleep 1000' &); echo started; "
+                             f"exec -a {mark} sleep 1000"],
+                            stdin=r, stdout=subprocess.PIPE)
+    os.close(r)
+    cg.add(proc.pid)
+    os.write(w, b"go\n")
+    os.close(w)
+    assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
+    return proc
+
+
+@pytest.mark.parametrize("how", ["cgroup.kill", "freeze"])
+def test_v2_real_kill_all_ends_a_setsid_tree_and_remove_leaves_nothing(real_v2_parent: str, how: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cg = V2Backend(real_v2_parent).create(CgroupLimits(None, None, None))
+    mark = f"sandboxrun-v2-kill-{os.getpid()}-{how}"
+    proc = _tree_in(cg, mark)
+    try:
+        deadline = time.monotonic() + 5
+        while len(cg.pids()) < 2 and time.monotonic() < deadline:  # the daemon is there too
+            time.sleep(0.01)
+        members = cg.pids()
+        assert proc.pid in members and len(members) == 2, members
+        if how == "freeze":  # a kernel before 5.14: no cgroup.kill, so freeze, signal, thaw
+            real_exists = os.path.exists
+            monkeypatch.setattr(cgroups.os.path, "exists", lambda p: not p.endswith("cgroup.kill") and real_exists(p))
+        cg.kill_all()
+        assert proc.wait(timeout=5) == -9
+        deadline = time.monotonic() + 5
+        while cg.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cg.pids() == []
+        for pid in members:
+            assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        cg.remove()
+        assert not os.path.exists(cg.dirs[0])
+    finally:
+        end_marked(mark)
+        proc.wait()
+
+
+def test_v2_real_run_is_in_its_cgroup_sees_its_own_root_and_leaves_nothing(real_v2_parent: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole strict run on the real v2 hierarchy: the child joins through cgroup.procs, its
+    cgroup namespace is rooted there, CPU comes from cpu.stat, and the cgroup goes with it."""
+    import threading
+
+    import sandbox
+    from sandbox import record as records
+    from sandbox.profile import load
+
+    monkeypatch.setattr(cgroups, "_backend", V2Backend(real_v2_parent))
+    prof = load("strict")  # no limit that needs a controller: a hybrid host's v2 mount may have none
+    prof = records.replace(prof, limits=records.replace(prof.limits, memory=None, processes=None, cpus=None))
+    seen: list[list[str]] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not seen:
+            for d in glob.glob(os.path.join(real_v2_parent, "sandboxrun-*/")):
+                procs = Path(d, "cgroup.procs").read_text().split()
+                if procs:
+                    seen.append(procs)
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = sandbox.run(["sh", "-c", "grep '^0::' /proc/self/cgroup; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; "
+                     "(setsid sleep 1000 &); sleep 0.5"], profile=prof)
+    t.join()
+    assert r.status == "ok" and r.isolation.cgroup == "v2", r
+    assert r.stdout == "0::/\n"  # its own cgroup is the root of its cgroup namespace
+    assert seen and len(seen[0]) >= 1  # its processes were in the run's cgroup while it ran
+    assert r.usage.cpu_user_s + r.usage.cpu_sys_s > 0.005  # the loop's CPU is reported
+    assert glob.glob(os.path.join(real_v2_parent, "*/")) == []
 
 
 @needs_root
