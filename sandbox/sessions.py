@@ -49,6 +49,7 @@ from .result import Isolation, Result
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
 START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure) within this
+ANSWER_GRACE_S = 2.0  # for the result of a session whose monitor cut a request: it exits just after writing it
 LOG_MIN = 1024
 TAIL_BYTES = 16384  # output shown by run_or_yield when a run becomes a session
 DEFAULT_LOG_LINES = 200
@@ -642,18 +643,24 @@ class Session:
                 if self.state in ("exited", "lost"):
                     raise InputError(f"session {self.id} has ended; nothing to send it") from None
                 raise SandboxError(f"session {self.id}: cannot reach its monitor: {e.strerror or e}") from None
-            sock.sendall(json.dumps(request).encode() + b"\n")
             buf = b""
-            while not buf.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
+            cut = ""
+            try:
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                while not buf.endswith(b"\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+            except TimeoutError:
+                raise SandboxError(f"session {self.id}: its monitor did not answer within {timeout} s") from None
+            except OSError as e:  # ECONNRESET, EPIPE: the monitor exited with our request unread
+                buf, cut = b"", f" ({e.strerror or e})"
         finally:
             sock.close()
             os.close(dfd)
         if not buf:
-            raise SandboxError(f"session {self.id} ended before it answered")
+            return self._unanswered(request, cut)
         try:
             reply = json.loads(buf)
         except ValueError:
@@ -661,6 +668,19 @@ class Session:
         if not reply.get("ok"):
             raise InputError(f"session {self.id}: {reply.get('error', 'refused')}")
         return reply
+
+    def _unanswered(self, request: dict[str, Any], cut: str) -> dict[str, Any]:
+        """No answer: the session ended while we asked (its monitor exits once the command
+        has, and a request it had not read yet is cut). Then closing the command's stdin is
+        done already, and anything else is refused as for an ended session."""
+        deadline = time.monotonic() + ANSWER_GRACE_S  # the monitor writes the result before it exits
+        while self.state not in ("exited", "lost") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.state not in ("exited", "lost"):
+            raise SandboxError(f"session {self.id}: its monitor closed the connection without an answer{cut}")
+        if request.get("op") == "eof":
+            return {"ok": True}  # its stdin went with it
+        raise InputError(f"session {self.id} has ended; nothing to send it")
 
     def write(self, data: bytes | str, eof: bool = False) -> int:
         """Write to the command's stdin (its terminal for a PTY session); eof closes it."""

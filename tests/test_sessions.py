@@ -533,3 +533,56 @@ def test_a_session_whose_pid_namespace_died_reads_lost_where_its_pids_mean_nothi
         assert time.monotonic() < deadline, leaks.runner_cgroups()
         cgroups.detect().sweep_stale()
         time.sleep(0.05)
+
+
+def _cutting_monitor(folder: Path, states: list[str], end_first: bool) -> None:
+    """A stand-in monitor on `folder`/ctl.sock: it reads one request and closes with it unread
+    (RST), as a real one does when its command has just exited; `end_first`: the session
+    is recorded as exited before the cut."""
+    import socket
+    import struct
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(folder / "ctl.sock"))
+    srv.listen(4)
+
+    def serve() -> None:
+        with srv:
+            conn, _ = srv.accept()
+            conn.recv(10)  # part of the request: the rest stays unread, so close() sends a reset
+            if end_first:
+                states[0] = "exited"
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
+@pytest.mark.parametrize("op", ["eof", "write"])
+def test_a_request_cut_because_the_session_ended_is_answered_not_an_internal_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """`write --stdin --eof` as the command exits on the data written: the monitor exits
+    with the eof request unread, and the caller saw ECONNRESET as an internal error."""
+    states = ["running"]
+    monkeypatch.setattr(sessions.Session, "state", property(lambda self: states[0]))
+    (tmp_path / "0123abcd").mkdir()
+    _cutting_monitor(tmp_path / "0123abcd", states, end_first=True)
+    s = sessions.Session("0123abcd", root=str(tmp_path))
+    if op == "eof":  # its stdin went with it: done, not an error
+        assert s.write(b"", eof=True) == 0
+    else:
+        with pytest.raises(InputError, match="has ended"):
+            s.write(b"x" * 100)
+
+
+def test_a_request_cut_while_the_session_still_runs_is_a_named_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    states = ["running"]
+    monkeypatch.setattr(sessions.Session, "state", property(lambda self: states[0]))
+    monkeypatch.setattr(sessions, "ANSWER_GRACE_S", 0.1)
+    (tmp_path / "0123abcd").mkdir()
+    _cutting_monitor(tmp_path / "0123abcd", states, end_first=False)
+    with pytest.raises(SandboxError, match="closed the connection without an answer") as e:
+        sessions.Session("0123abcd", root=str(tmp_path)).write(b"x" * 100)
+    assert not isinstance(e.value, InputError)
