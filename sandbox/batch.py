@@ -210,13 +210,48 @@ def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], windo
 # ---------------------------------------------------------------------------- JSONL
 
 
+MAX_LINE = 64 << 20  # bytes in one request line (its stdin included); a longer one is refused
+MAX_SKIP = 1 << 30  # of an over-long line, read past at most this much: an endless one stops the batch
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line) per line, never more than MAX_LINE bytes of one in memory; an
+    over-long line gives None. One with no end in sight (/dev/zero) raises InputError."""
+    n = 0
+    while True:
+        raw = stream.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) <= MAX_LINE or raw.endswith(b"\n"):
+            yield n, raw
+            continue
+        skipped = len(raw)
+        while not raw.endswith(b"\n"):
+            raw = stream.readline(1 << 20)
+            skipped += len(raw)
+            if not raw:
+                break
+            if skipped > MAX_SKIP:
+                raise InputError(f"line {n}: no end of line in its first {MAX_SKIP >> 30} GiB: stopped reading "
+                                 "(is this a JSONL file?)")
+        yield n, None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity; nothing else can
+
+
 def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number, request or _Invalid) per non-blank line, read lazily."""
-    for n, raw in enumerate(stream, 1):
+    for n, raw in _lines(stream):
+        if raw is None:
+            yield n, _Invalid(f"longer than {MAX_LINE >> 20} MiB: not read")
+            continue
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, parse_constant=_no_constant)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
             continue
@@ -226,15 +261,28 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         except RecursionError:
             yield n, _Invalid("invalid JSON: nested too deeply")
             continue
+        except ValueError as e:  # a number of over 4300 digits; NaN, Infinity
+            yield n, _Invalid(f"invalid JSON: {e}")
+            continue
         if not isinstance(obj, dict):
             yield n, _Invalid(f"expected a JSON object, got {type(obj).__name__}")
             continue
         yield n, obj
 
 
-def count_requests(path: str) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for raw in f if raw.strip())
+def count_requests(stream: IO[bytes]) -> int | None:
+    """Non-blank lines of a regular file, read from its start (and rewound); None for a pipe,
+    FIFO or device, which can be read only once (or never ends): no total is shown then."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        total = sum(1 for _, raw in _lines(stream) if raw is None or raw.strip())
+        stream.seek(0)
+        return total
+    except (OSError, InputError):
+        return None
 
 
 class Progress:
@@ -306,16 +354,15 @@ def main(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     workers = _positive(ns.concurrency)
     prof = load(ns.profile)
-    total: int | None = None
     if ns.file == "-":
         src: IO[bytes] = sys.stdin.buffer
     else:
-        try:
-            total = count_requests(ns.file)
+        try:  # opened once: a FIFO or /dev/stdin can be read only once
             src = open(ns.file, "rb")  # closed in the finally below
         except OSError as e:
             raise InputError(f"{ns.file}: {e.strerror}") from None
-    progress = Progress(sys.stderr, total)
+    shown = bool(getattr(sys.stderr, "isatty", lambda: False)())  # the total only feeds the progress line
+    progress = Progress(sys.stderr, count_requests(src) if shown else None)
     bad = 0
     out = sys.stdout
     results = _stream(read_jsonl(src), workers, not ns.unordered, prof)

@@ -2,7 +2,7 @@
 
 Exit codes: the command's own; 128+N when a signal ended it; 124 on timeout (as
 timeout(1)); 125 when blocked or when the sandbox could not be set up; 2 for bad
-arguments, profiles or payloads; 130 on Ctrl-C. Errors are one line, never a
+arguments, profiles or payloads; 130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP). Errors are one line, never a
 traceback (`--debug` shows one).
 """
 
@@ -336,16 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = _dispatch(args[0])
         args = args[1:]
 
-    def on_term(_sig: int, _frame: object) -> None:
-        raise KeyboardInterrupt
+    def on_term(sig: int, _frame: object) -> None:
+        raise _Terminated(sig)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
     try:
         return handler(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
         print("sandboxrun: interrupted; sandbox torn down", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
         if debug:
             raise
@@ -357,6 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sandboxrun: internal error: {type(e).__name__}: {e} (rerun with --debug for details)",
               file=sys.stderr)
         return EXIT_SANDBOX
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, unwound as Ctrl-C is; the exit code says which (128+N, as shells do)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def entry() -> None:

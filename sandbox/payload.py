@@ -19,10 +19,10 @@ import argparse
 import json
 import math
 import os
-import shlex
 import sys
 from typing import Any
 
+from . import shellwords
 from .errors import EXIT_USAGE, InputError, ProfileError, SandboxError
 from .profile import Profile
 from .record import asdict, field, record
@@ -234,7 +234,7 @@ def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
 def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
     if method == "script":
         try:
-            req.args = shlex.split(args) if args else []
+            req.args = shellwords.split(args) if args else []
         except ValueError as e:
             raise PayloadError("args", f"cannot split {args!r}: {e}") from None
         return
@@ -245,7 +245,7 @@ def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
         req.statement = args
         return
     try:
-        parts = shlex.split(args)
+        parts = shellwords.split(args)
     except ValueError as e:
         raise PayloadError("args", f"cannot split {args!r}: {e}") from None
     name = parts[0]
@@ -324,7 +324,7 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
             req.argv = ["/bin/sh", "-c", cmd]
         else:
             try:
-                req.argv = shlex.split(cmd)
+                req.argv = shellwords.split(cmd)
             except ValueError as e:
                 raise PayloadError("command", f"cannot split {cmd[:80]!r}: {e} (set shell to \"true\"?)") from None
             if not req.argv:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from . import profile as profiles
+from . import shellwords
 from .errors import InputError
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
 from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, only_ours_to_rename, remove_tree
@@ -134,8 +135,10 @@ def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
                 raise InputError("command is empty")
             argv = ["/bin/sh", "-c", command]
         else:
+            if len(command) > ARG_MAX:  # before splitting it: no command line can be this long
+                raise InputError(f"command is {len(command)} characters, over ARG_MAX ({ARG_MAX})")
             try:
-                argv = shlex.split(command)
+                argv = shellwords.split(command)
             except ValueError as e:
                 raise InputError(f"command: cannot split {command[:80]!r}: {e} (unbalanced quotes?)") from None
     else:
@@ -168,9 +171,20 @@ def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+def os_bytes(text: str, what: str) -> bytes:
+    """`text` as the bytes the kernel gets: UTF-8, and the bytes that were not UTF-8 on a
+    command line given back as they came (Python's surrogateescape). A lone surrogate of
+    other text (JSON's "\\ud800") stands for no bytes at all: refused, naming where."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what}: {text[e.start]!r} at offset {e.start} is a lone surrogate, which stands "
+                         "for no bytes (not valid UTF-8 text)") from None
+
+
 def check_size(argv: list[str], env: dict[str, str]) -> None:
-    size = sum(len(a.encode(errors="surrogateescape")) + 1 + 8 for a in argv)
-    size += sum(len(k) + len(v.encode(errors="surrogateescape")) + 2 + 8 for k, v in env.items())
+    size = sum(len(os_bytes(a, f"command[{i}]")) + 1 + 8 for i, a in enumerate(argv))
+    size += sum(len(os_bytes(k, "env key")) + len(os_bytes(v, f"env[{k!r}]")) + 2 + 8 for k, v in env.items())
     if size > ARG_MAX:
         raise InputError(f"command and environment are {size} bytes, over ARG_MAX ({ARG_MAX})")
 
@@ -971,11 +985,13 @@ def run(
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
     argv = to_argv(command, shell)
     if isinstance(stdin, str):
-        stdin = stdin.encode()
+        stdin = os_bytes(stdin, "stdin")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
     if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
         raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
+    if isinstance(cwd, str):
+        os_bytes(cwd, "cwd")
     full_env = build_env(prof, env)
     check_size(argv, full_env)
     cmd_text = command if isinstance(command, str) else shlex.join(argv)

@@ -120,6 +120,13 @@ LIBRARY: list[Any] = [
     ("empty-argv0", [""], {}, "empty command"),
     ("unbalanced-quotes", "echo 'oops", {}, "cannot split"),
     ("over-arg-max", ["true", BIG], {}, "ARG_MAX"),
+    ("string-over-arg-max", "echo " + BIG, {}, "ARG_MAX"),  # refused before it is split
+    ("lone-surrogate-string", "echo \ud800", {}, "lone surrogate"),
+    ("lone-surrogate-argv", ["echo", "\ud800"], {}, "command[1]"),
+    ("lone-surrogate-cwd", ["true"], {"cwd": "/tmp/\ud800"}, "cwd"),
+    ("lone-surrogate-stdin", ["cat"], {"stdin": "a\ud800"}, "stdin"),
+    ("lone-surrogate-env-value", ["true"], {"env": {"A": "\ud800"}}, "lone surrogate"),
+    ("lone-surrogate-env-name", ["true"], {"env": {"\ud800": "x"}}, "lone surrogate"),
     ("over-arg-max-no-filter", ["true", BIG], {"profile": NO_FILTER}, "ARG_MAX"),
     ("env-over-arg-max", ["true"], {"env": {"BIG": BIG}}, "ARG_MAX"),
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
@@ -344,6 +351,8 @@ PAYLOAD_ROWS: list[Any] = [
     ("over-arg-max", _payload({"command": BIG}), "command"),
     ("shelltype-foreign", _payload({"command": "dir", "shelltype": "windowsbat"}), "shelltype"),
     ("unsplittable", _payload({"command": "echo 'oops", "shell": "false"}), "command"),
+    ("lone-surrogate-shell", _payload({"command": "echo \ud800"}), "command"),
+    ("lone-surrogate-split", _payload({"command": "echo \ud800", "shell": "false"}), "command"),
     ("script-missing", _payload({"scriptPath": "/no/such.py"}, action="run_code_script"), "scriptPath"),
     pytest.param("deeply-nested", "[" * 100_000, "payload"),
     ("not-utf8", b'{"action": "run_command", "properties": [{"name": "command", "value": "\xff"}]}', "payload"),
@@ -361,7 +370,8 @@ def test_payload_rejected_naming_the_field(text: str | bytes, field: str) -> Non
 
 @pytest.mark.parametrize("text, field", [p for p in _fix_ids(PAYLOAD_ROWS)
                                          if p.id in ("not-json", "unknown-action", "timeout-negative",
-                                                     "cwd-missing", "over-arg-max", "not-utf8", "deeply-nested")])
+                                                     "cwd-missing", "over-arg-max", "not-utf8", "deeply-nested",
+                                                     "lone-surrogate-split")])
 def test_payload_cli_exits_2_with_a_json_error(text: str | bytes, field: str) -> None:
     pytest.importorskip("sandbox.payload")
     r = cli("payload", stdin=text if isinstance(text, bytes) else text.encode())
@@ -390,6 +400,10 @@ BATCH_ROWS: list[Any] = [
     ("env-int", b'{"command": "true", "env": {"A": 1}}', "env"),
     ("ro-bind-relative", b'{"command": "true", "ro_bind": "rel"}', "absolute"),
     ("over-arg-max", json.dumps({"command": ["true", BIG]}).encode(), "ARG_MAX"),
+    ("lone-surrogate", b'{"command": ["echo", "\\ud800"]}', "lone surrogate"),
+    ("number-of-5000-digits", b'{"command": "true", "timeout": ' + b"9" * 5000 + b"}", "4300 digits"),
+    ("nan", b'{"command": "true", "id": NaN}', "NaN is not JSON"),
+    ("infinity", b'{"command": "true", "timeout": -Infinity}', "Infinity is not JSON"),
     pytest.param("deeply-nested", b"[" * 100_000, "JSON"),
 ]
 

@@ -172,6 +172,54 @@ def test_read_jsonl_names_lines() -> None:
     assert "UTF-8" in items[3][1].error or "invalid JSON" in items[3][1].error
 
 
+
+def test_an_over_long_line_is_refused_and_the_next_ones_still_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import batch
+
+    monkeypatch.setattr(batch, "MAX_LINE", 64)
+    src = io.BytesIO(b'{"command": "a"}\n' + b'{"command": "' + b"x" * 500 + b'"}\n' + b'{"command": "b"}\n')
+    items = list(read_jsonl(src))
+    assert [n for n, _ in items] == [1, 2, 3]
+    assert items[0][1] == {"command": "a"} and items[2][1] == {"command": "b"}
+    assert "longer than" in items[1][1].error
+
+
+def test_a_line_that_never_ends_stops_the_batch_with_memory_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sandboxrun batch /dev/zero` read one endless line into memory until MemoryError."""
+    from sandbox import batch
+
+    class Zeros(io.RawIOBase):
+        served = 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            b[:] = bytes(len(b))
+            self.served += len(b)
+            return len(b)
+
+    monkeypatch.setattr(batch, "MAX_LINE", 1 << 16)
+    monkeypatch.setattr(batch, "MAX_SKIP", 8 << 20)
+    zeros = Zeros()
+    with pytest.raises(InputError, match="line 1: no end of line"):
+        list(read_jsonl(io.BufferedReader(zeros)))
+    assert zeros.served < 16 << 20
+
+
+def test_requests_are_counted_only_in_a_regular_file(tmp_path: Path) -> None:
+    from sandbox.batch import count_requests
+
+    f = tmp_path / "r.jsonl"
+    f.write_bytes(b'{"command": "a"}\n\n{"command": "b"}\n')
+    with open(f, "rb") as src:
+        assert count_requests(src) == 2 and src.read(1) == b"{"  # rewound for the run itself
+    r, w = os.pipe()
+    os.write(w, b'{"command": "a"}\n')
+    os.close(w)
+    with open(r, "rb") as src:
+        assert count_requests(src) is None and src.readline() == b'{"command": "a"}\n'  # nothing consumed
+
 class _Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -264,6 +312,33 @@ def test_cli_batch_stdin_unordered_all_valid(isolated) -> None:
     assert got == {i: f"{i}\n" for i in range(5)}
     assert r.stderr == b""
 
+
+
+@pytest.mark.parametrize("how", ["fifo", "dev-stdin"])
+def test_cli_batch_reads_a_pipe_once(isolated, tmp_path: Path, how: str) -> None:
+    """A FIFO hung (read once to count, then opened again); /dev/stdin ran nothing, exit 0."""
+    line = json.dumps({"command": ["echo", "piped"]}).encode() + b"\n"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if how == "fifo":
+        fifo = tmp_path / "reqs"
+        os.mkfifo(fifo)
+        p = subprocess.Popen([sys.executable, "-m", "sandbox", "batch", str(fifo)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        try:
+            with open(fifo, "wb") as w:
+                w.write(line)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:  # it hung: end it, by pid
+                p.kill()
+                p.wait()
+        rc = p.returncode
+    else:
+        r = subprocess.run([sys.executable, "-m", "sandbox", "batch", "/dev/stdin"], input=line,
+                           capture_output=True, timeout=60, env=env)
+        out, err, rc = r.stdout, r.stderr, r.returncode
+    assert rc == 0, err
+    assert [json.loads(x)["stdout"] for x in out.splitlines()] == ["piped\n"]
 
 def test_cli_batch_bad_usage_is_one_line() -> None:
     r = cli("batch", "/nonexistent/reqs.jsonl")
