@@ -271,15 +271,16 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
 
 
 def count_requests(stream: IO[bytes]) -> int | None:
-    """Non-blank lines of a regular file, read from its start (and rewound); None for a pipe,
+    """Non-blank lines left in a regular file (read, then rewound); None for a pipe,
     FIFO or device, which can be read only once (or never ends): no total is shown then."""
     import stat
 
     try:
         if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
             return None
+        start = stream.tell()  # stdin redirected from a file may not be at its start
         total = sum(1 for _, raw in _lines(stream) if raw is None or raw.strip())
-        stream.seek(0)
+        stream.seek(start)
         return total
     except (OSError, InputError):
         return None
