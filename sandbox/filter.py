@@ -215,7 +215,7 @@ def _rules() -> _RuleSet:
 
 
 # A group that repeats something repeatable, like (a+)+ or (x{2,})*: exponential backtracking on
-# an untrusted command. A heuristic (it does not see (a|aa)*), applied to every extra pattern.
+# an untrusted command. A first, textual check; regex_safety reads the parsed pattern for more.
 _NESTED_QUANTIFIER = r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]"
 
 
@@ -227,6 +227,12 @@ def pattern_problem(pattern: str) -> str | None:
         return f"invalid regular expression: {e}"
     if re.search(_NESTED_QUANTIFIER, pattern):
         return "nested quantifier (like (a+)+) can backtrack for ever on a hostile command: rewrite it"
+    from .regex_safety import problem
+
+    why = problem(pattern)
+    if why:
+        return (f"{why} can backtrack for ever on a hostile command: rewrite it (a character class, "
+                "or a possessive *+ or atomic (?>...) group)")
     return None
 
 

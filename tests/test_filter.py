@@ -464,3 +464,48 @@ def test_import_is_cheap_and_compiles_lazily() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[1:] == ["0", "0"]  # nothing compiled at import time
     assert float(out[0]) < 0.5  # generous: includes the sandbox package __init__
+
+
+# ---------------------------------------------------------------------------- operators' patterns
+
+
+@pytest.mark.parametrize("pattern", [
+    r"(a|aa)*c",  # the parser makes it a(|a): an alternative that matches nothing, repeated
+    r"(a?)*c",
+    r"(a.|ab)*c",  # after the common prefix: . and b can start alike
+    r"(x|x)+",
+    r"(a+)+",
+])
+def test_a_block_pattern_that_can_backtrack_for_ever_is_refused(pattern: str) -> None:
+    from sandbox.filter import pattern_problem
+
+    why = pattern_problem(pattern)
+    assert why and "backtrack" in why, (pattern, why)
+
+
+@pytest.mark.parametrize("pattern", [
+    r"(foo|bar)+", r"(\w|\d)+", r"(ab|ac)*", r"(a|aa)*+", r"(?>a|aa)*c", r"x{2,5}", r"(a|b)*c",
+    r"(curl|wget)\s+.*\|\s*(sh|bash)", r"^rm\s+-rf\s+/",
+])
+def test_a_block_pattern_that_matches_one_way_is_accepted(pattern: str) -> None:
+    from sandbox.filter import pattern_problem
+
+    assert pattern_problem(pattern) is None
+
+
+def test_every_builtin_rule_passes_the_backtracking_check() -> None:
+    from sandbox.filter import _RULE_SPECS
+    from sandbox.regex_safety import problem
+
+    assert [(rule, p) for rule, _scope, p, _desc in _RULE_SPECS if problem(p)] == []
+
+
+def test_a_profile_with_an_ambiguous_block_pattern_does_not_load(tmp_path) -> None:
+    """(a|aa)*c took 15 s on 38 characters of a hostile command, with no timeout."""
+    from sandbox.errors import ProfileError
+    from sandbox.profile import load
+
+    f = tmp_path / "p.toml"
+    f.write_text('extends = "strict"\n[filter]\nblock = ["(a|aa)*c"]\n')
+    with pytest.raises(ProfileError, match="backtrack"):
+        load(str(f))
