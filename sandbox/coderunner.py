@@ -172,6 +172,8 @@ def _argv(target: str, args: Sequence[Any], function: str | None, statement: str
         raw = json.dumps(args, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise InputError(f"args: must be JSON-encodable to reach the function: {e}") from None
+    except RecursionError:
+        raise InputError("args: must be JSON-encodable to reach the function: nested too deeply") from None
     if function is not None:
         return ["python3", "-c", DRIVER, token, "function", target, function, raw]
     return ["python3", "-c", DRIVER, token, "statement", target, statement or "", raw]
@@ -283,7 +285,7 @@ def _cli_value(text: str) -> Any:
     """A CLI argument for a function: JSON when it parses (1, true, [1,2], "s"), else the string."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply to be JSON here
         return text
 
 

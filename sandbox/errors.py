@@ -28,3 +28,14 @@ class ProfileError(SandboxError, ValueError):
                 where += f" = {value!r}"
         super().__init__(f"{where}: {message}")
         self.source, self.key, self.value = source, key, value
+
+
+def os_bytes(text: str, what: str) -> bytes:
+    """`text` as the bytes the kernel gets: UTF-8, and the bytes that were not UTF-8 on a
+    command line given back as they came (Python's surrogateescape, as os.fsencode). A lone
+    surrogate of other text (JSON's "\\ud800") stands for no bytes: an InputError naming `what`."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what}: {text[e.start]!r} at offset {e.start} is a lone surrogate, which stands "
+                         "for no bytes (not valid UTF-8 text)") from None

@@ -88,6 +88,14 @@ class Tools:
     def _script(self, script: str) -> str:
         if self.workspace is None:
             raise self._fail("script: this server has no --workspace; pass the source as `code` instead")
+        # realpath would raise ValueError / UnicodeEncodeError: no file has such a name
+        if "\0" in script:
+            raise self._fail("script: contains a NUL byte")
+        try:
+            script.encode()
+        except UnicodeEncodeError as e:
+            raise self._fail(f"script: {script!r} has a lone surrogate at offset {e.start} "
+                             "(not valid UTF-8 text)") from None
         path = os.path.realpath(os.path.join(self.workspace, script))
         if path != self.workspace and not path.startswith(self.workspace + os.sep):
             raise self._fail(f"script: {script!r} is outside the workspace")

@@ -8,6 +8,7 @@ parent's, scalars replace. Every error names the file, the key and the value.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -128,6 +129,20 @@ def _search_dirs() -> list[Path]:
     return [*extra, BUILTIN_DIR]
 
 
+def _not_a_file(p: Path) -> str | None:
+    """None if `p` is a regular file, else why not. Never raises: a name too long, a search
+    dir we may not enter or a name that is no valid file name is a reason, not a crash."""
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        return "no such profile file" if e.errno in (errno.ENOENT, errno.ENOTDIR) else f"cannot read: {e.strerror}"
+    except ValueError:  # a lone surrogate: no file can have this name
+        return "no such profile file (not a valid file name)"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return "is a directory, not a profile file" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+
+
 def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
     """A profile name ("strict") or a path ("./my.toml") to a file path."""
     if "\0" in ref:
@@ -136,15 +151,23 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
         p = Path(ref)
         if not p.is_absolute() and relative_to is not None:
             p = relative_to / p
-        if not p.is_file():
-            raise ProfileError("is a directory, not a profile file" if p.is_dir() else "no such profile file",
-                               key="profile", value=ref)
+        why = _not_a_file(p)
+        if why:
+            raise ProfileError(why, key="profile", value=ref)
         return p
+    if len(ref.encode(errors="replace")) > 250:  # NAME_MAX is 255 bytes, with ".toml"
+        raise ProfileError("too long for a profile name (a file name has at most 255 bytes)",
+                           key="profile", value=ref[:40] + "...")
+    skipped = []
     for d in _search_dirs():
         p = d / f"{ref}.toml"
-        if p.is_file():
+        why = _not_a_file(p)
+        if why is None:
             return p
-    raise ProfileError(f"unknown profile (built-in: {', '.join(builtin_names())})", key="profile", value=ref)
+        if why.startswith("cannot read"):  # an unusable SANDBOXRUN_PROFILE_PATH entry: try the next
+            skipped.append(f"{d}: {why.split(': ', 1)[1]}")
+    note = f"; skipped {'; '.join(skipped)}" if skipped else ""
+    raise ProfileError(f"unknown profile (built-in: {', '.join(builtin_names())}){note}", key="profile", value=ref)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -398,6 +421,15 @@ def _check_abs(p: str, err: Any) -> None:
         raise err("must not contain '..'")
 
 
+def _check_hostname(name: str, err: Any) -> None:
+    """A plain host name: it becomes a line of the sandbox's /etc/hosts (a newline would add
+    one of its own) and its UTS name (at most 64 bytes)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}", name):
+        raise err("expected 1-64 letters, digits, '-', '_' or '.', not starting with '-'")
+
+
 def _check_env_pair(k: str, v: str, err: Any) -> None:
     if not k or "=" in k or "\0" in k or "\0" in v:
         raise err(f"invalid environment variable {k!r}")
@@ -581,9 +613,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
         for pattern in flt.get(key, ()):
             check_pattern(pattern, err_for(f"filter.{key}", pattern))
     hostname = proc.get("hostname", "sandbox")
-    if not hostname or len(hostname.encode()) > 64 or "/" in hostname:
-        raise ProfileError("expected 1-64 bytes without '/'", source=source,
-                           key="process.hostname", value=hostname)
+    _check_hostname(hostname, err_for("process.hostname", hostname))
     if view == "private" and not any(not m.writable for m in mounts):
         raise ProfileError("profile binds nothing read-only, so its sandbox has no /usr and no command can run: "
                            'add extends = "strict" or filesystem.ro_bind', source=source)
@@ -701,8 +731,7 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             changes["env"] = (*profile.env, *value.items())
         elif key == "hostname":
             v = _coerce("str", value, err)
-            if not v or len(v.encode()) > 64 or "/" in v:
-                raise err("expected 1-64 bytes without '/'")
+            _check_hostname(v, err)
             changes["hostname"] = v
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])

@@ -28,6 +28,7 @@ import base64
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
@@ -43,9 +44,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import record as records
-from .errors import EXIT_SANDBOX, InputError, SandboxError
+from .errors import EXIT_SANDBOX, InputError, SandboxError, os_bytes
 from .record import record
 from .result import Isolation, Result
+from .units import MAX_DURATION
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
 START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure) within this
@@ -109,7 +111,21 @@ def session_ttl() -> float:
         ttl = float(raw) if raw else TTL_DEFAULT
     except ValueError:
         raise InputError(f"SANDBOXRUN_SESSION_TTL={raw!r}: expected seconds") from None
+    if not math.isfinite(ttl):  # nan would never expire anything; inf is no number of seconds
+        raise InputError(f"SANDBOXRUN_SESSION_TTL={raw!r}: expected a finite number of seconds")
     return min(max(ttl, TTL_MIN), TTL_MAX)
+
+
+def _seconds(label: str, value: Any, forever: bool = False) -> float | None:
+    """`value` as seconds >= 0: a finite number up to units.MAX_DURATION (socket and select
+    timeouts overflow past that); inf means "no limit" (None) where `forever` allows it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InputError(f"{label}: expected seconds >= 0, got {value!r}")
+    if forever and value == math.inf:
+        return None
+    if not value <= MAX_DURATION:
+        raise InputError(f"{label}: expected 0 to {MAX_DURATION:.0f} seconds, got {value!r}")
+    return float(value)
 
 
 def write_json(path: str, data: Any) -> None:
@@ -356,7 +372,7 @@ def key_bytes(key: str, literal: bool = False) -> bytes:
     """One send-keys argument: a named key (Enter, Up, F5, C-c, M-x, M-C-x; names are
     case-insensitive) or, failing that, the text itself."""
     if literal:
-        return key.encode()
+        return os_bytes(key, "key")
     if key.lower() in _NAMED_KEYS:
         return _NAMED_KEYS[key.lower()]
     if key.startswith("M-") and len(key) > 2:
@@ -367,7 +383,7 @@ def key_bytes(key: str, literal: bool = False) -> bytes:
             return bytes([ord(rest.lower()) & 0x1F])
         if rest.lower() in _CTRL_PUNCT:
             return bytes([_CTRL_PUNCT[rest.lower()]])
-    return key.encode()
+    return os_bytes(key, "key")
 
 
 # ---------------------------------------------------------------------------- sessions
@@ -685,7 +701,7 @@ class Session:
     def write(self, data: bytes | str, eof: bool = False) -> int:
         """Write to the command's stdin (its terminal for a PTY session); eof closes it."""
         if isinstance(data, str):
-            data = data.encode()
+            data = os_bytes(data, "data")
         if not isinstance(data, (bytes, bytearray)):
             raise InputError(f"data: expected bytes or str, got {type(data).__name__}")
         n = 0
@@ -715,7 +731,7 @@ class Session:
         readline, zsh, vim, IPython do) it arrives as ESC[200~ text ESC[201~, like a
         terminal emulator sends it, so the program takes it as typed text, not keys."""
         if isinstance(text, str):
-            text = text.encode()
+            text = os_bytes(text, "text")
         if not isinstance(text, (bytes, bytearray)):
             raise InputError(f"text: expected str or bytes, got {type(text).__name__}")
         if not text:
@@ -730,13 +746,14 @@ class Session:
     def kill(self, grace: float | None = None, timeout: float = 60.0) -> Result | None:
         """SIGTERM to the whole sandbox, SIGKILL after the grace (the profile's kill_grace);
         returns the final Result (None if it did not end within `timeout`)."""
-        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0):
-            raise InputError(f"grace: expected seconds >= 0, got {grace!r}")
+        if grace is not None:  # finite: a grace past MAX_DURATION overflows the monitor's select
+            grace = _seconds("grace", grace)
+        timeout_ = _seconds("timeout", timeout, forever=True) if timeout is not None else None
         st = self.state
         if st in ("running", "starting"):
             req: dict[str, Any] = {"op": "kill"}
             if grace is not None:
-                req["grace"] = float(grace)
+                req["grace"] = grace
             try:
                 self._ctl(req, timeout=(grace if grace is not None else float(self.meta.get("kill_grace", 1))) + 30)
             except InputError:
@@ -744,11 +761,13 @@ class Session:
             except (SandboxError, OSError):
                 if self.state in ("running", "starting"):
                     raise
-        return self.wait(timeout)
+        return self.wait(timeout_)
 
     def wait(self, timeout: float | None = None) -> Result | None:
         """The final Result; None if still running after `timeout` seconds (None = forever)."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout, forever=True)  # inf: wait forever, as None
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = self.state
             if st in ("exited", "lost"):
@@ -903,6 +922,8 @@ def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= 64 or "/" in name \
             or any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise InputError(f"name: expected 1-64 printable characters without '/', got {name!r}")
+    if name in (".", ".."):  # get() refuses them (path components): the session could not be found
+        raise InputError(f"name: {name!r} cannot name a session; choose another")
     if ID_RE.match(name):
         raise InputError(f"name: {name!r} looks like a session id; choose another")
     return name
@@ -979,7 +1000,7 @@ def start(
     if pty and (stdin is not None or stdin_file is not None):
         raise InputError("a PTY session reads its terminal; stdin/stdin_file cannot be used with pty")
     if isinstance(stdin, str):
-        stdin = stdin.encode()
+        stdin = os_bytes(stdin, "stdin")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
         raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
     if stdin_file is not None:
@@ -1003,6 +1024,9 @@ def start(
             break
         except FileExistsError:
             continue
+        except OSError as e:  # /proc, /sys, a read-only mount: a directory, but not one for files
+            raise SandboxError(f"state directory {root}: cannot create a session folder: {e.strerror} "
+                               "(set SANDBOXRUN_STATE_DIR)") from None
     else:
         raise SandboxError(f"cannot create a session folder in {root}")
     try:

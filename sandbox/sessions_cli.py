@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -158,7 +159,7 @@ def cmd_write(argv: list[str]) -> int:
     p.add_argument("--stdin", action="store_true", help="read the data from this command's stdin")
     p.add_argument("--eof", action="store_true", help="then close the session's stdin")
     ns = p.parse_args(argv)
-    data = sys.stdin.buffer.read() if ns.stdin else ns.data.encode()
+    data = sys.stdin.buffer.read() if ns.stdin else os.fsencode(ns.data)  # the bytes as given, UTF-8 or not
     if ns.stdin and ns.data:
         raise InputError("write: give DATA or --stdin, not both")
     if ns.newline:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from . import profile as profiles
 from . import shellwords
-from .errors import InputError
+from .errors import InputError, os_bytes
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
 from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, only_ours_to_rename, remove_tree
 from .isolation import cgroups
@@ -169,17 +169,6 @@ def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
             raise InputError(f"env: invalid variable {k!r}")
         env[k] = v
     return env
-
-
-def os_bytes(text: str, what: str) -> bytes:
-    """`text` as the bytes the kernel gets: UTF-8, and the bytes that were not UTF-8 on a
-    command line given back as they came (Python's surrogateescape). A lone surrogate of
-    other text (JSON's "\\ud800") stands for no bytes at all: refused, naming where."""
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError as e:
-        raise InputError(f"{what}: {text[e.start]!r} at offset {e.start} is a lone surrogate, which stands "
-                         "for no bytes (not valid UTF-8 text)") from None
 
 
 def check_size(argv: list[str], env: dict[str, str]) -> None:

@@ -18,7 +18,7 @@ from ..errors import InputError
 # Above every uid a host hands out to users and services (below 65536; 65534 is nobody), and
 # clear of the usual /etc/subuid ranges that start at 100000 and run 65536 per user.
 DEFAULT_BASE, DEFAULT_COUNT, LOWEST_BASE = 1_100_000, 65_536, 65_536
-LOCK_FILE = os.environ.get("SANDBOXRUN_UID_LOCK", "/run/sandboxrun/uids.lock")
+LOCK_FILE = "/run/sandboxrun/uids.lock"  # unless SANDBOXRUN_UID_LOCK names another
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 _in_use: set[int] = set()
@@ -71,11 +71,24 @@ class Lease:
 
 
 def _open_lock_file() -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    given = os.environ.get("SANDBOXRUN_UID_LOCK")
+    if given is None:
+        try:
+            return os.open(LOCK_FILE, flags, 0o600)
+        except FileNotFoundError:  # our own directory: made on first use
+            os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
+            return os.open(LOCK_FILE, flags, 0o600)
+    # The caller's path is used as given: a typo must not make directories on the host, and
+    # a relative one would be another file (another set of locks) in each working directory.
+    if not os.path.isabs(given):
+        raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: expected an absolute path (the lock file "
+                         "every run shares)")
     try:
-        return os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(LOCK_FILE), mode=0o700, exist_ok=True)
-        return os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return os.open(given, flags, 0o600)
+    except OSError as e:
+        raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: cannot open it as the uid lock file: "
+                         f"{e.strerror}") from None
 
 
 def allocate() -> Lease:

@@ -1,0 +1,317 @@
+"""More bad input (a red-team report): each case gets a named error and exit code 2,
+never a traceback, an "internal error" (exit 125) or a silent misreading.
+
+Sessions: non-finite grace/timeout/TTL, unusable state directories, names that could
+not be found again, bytes that are not UTF-8. Profiles: names too long, unusable
+search dirs, files that are not regular, hostnames that are not host names. Also the
+MCP server's script paths, `python -f` arguments nested too deeply, and
+SANDBOXRUN_UID_LOCK.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox import coderunner, profile, sessions
+from sandbox.errors import InputError, ProfileError, SandboxError
+from sandbox.isolation import uids
+
+ROOT = Path(sandbox.__file__).resolve().parent.parent
+LONG = "x" * 300  # over NAME_MAX (255 bytes)
+
+
+def cli(*args: str | bytes, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    full = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True, timeout=timeout,
+                          env=full, cwd=ROOT)
+
+
+def assert_clean_error(r: subprocess.CompletedProcess[bytes], needle: str) -> None:
+    """Exit 2 and one error line naming the input; argparse's usage line may precede it."""
+    text = r.stderr.decode(errors="replace")
+    assert "Traceback" not in text and "internal error" not in text, text
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+    assert len(lines) == 1, text
+    assert needle.lower() in lines[0].lower(), text
+    assert r.returncode == 2, (r.returncode, text)
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private state directory; whatever a test left running is removed."""
+    d = tmp_path / "state"
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(d))
+    monkeypatch.delenv("SANDBOXRUN_SESSION_TTL", raising=False)
+    yield d
+    if d.exists():
+        for s in sessions.list_sessions(sweep=False):
+            try:
+                s.remove(grace=0)
+            except SandboxError:
+                pass
+
+
+# ---------------------------------------------------------------------------- 1. grace, timeout, TTL
+
+
+@pytest.mark.parametrize("grace", [math.inf, math.nan, -1.0, "x", True, 1e300])
+def test_kill_with_a_bad_grace_is_refused_and_the_session_still_runs(state: Path, isolated, grace: object) -> None:
+    s = sandbox.start(["sh", "-c", "trap '' TERM; sleep 25"])
+    with pytest.raises(InputError, match="grace"):
+        s.kill(grace=grace)  # type: ignore[arg-type]
+    assert s.state == "running"  # refused before anything was sent: not half done
+    res = s.kill(grace=0)
+    assert res is not None and res.status == "signaled"
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1.0, "x", True, 1e300])
+def test_wait_with_a_bad_timeout_is_an_input_error(state: Path, isolated, timeout: object) -> None:
+    s = sandbox.start(["sleep", "25"])
+    with pytest.raises(InputError, match="timeout"):
+        s.wait(timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="timeout"):
+        s.kill(grace=0, timeout=timeout)  # type: ignore[arg-type]
+    assert s.state == "running"
+    s.kill(grace=0)
+
+
+def test_wait_with_an_infinite_timeout_waits_until_the_end(state: Path, isolated) -> None:
+    s = sandbox.start(["sh", "-c", "sleep 0.5; exit 3"])
+    res = s.wait(timeout=math.inf)
+    assert res is not None and res.exit_code == 3
+
+
+def test_cli_kill_grace_inf_and_wait_timeout_nan(state: Path, isolated) -> None:
+    s = sandbox.start(["sh", "-c", "trap '' TERM; sleep 25"], name="t")
+    assert_clean_error(cli("kill", "--grace", "inf", "t"), "grace")
+    assert s.state == "running"
+    started = time.monotonic()
+    r = cli("wait", "--timeout", "nan", "t")
+    assert_clean_error(r, "timeout")  # not 124 at once, as if nan seconds had run out
+    assert time.monotonic() - started < 30
+    assert cli("kill", "--grace", "0", "t").returncode == 0
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "x"])
+def test_session_ttl_must_be_a_finite_number(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("SANDBOXRUN_SESSION_TTL", raw)
+    with pytest.raises(InputError, match="SANDBOXRUN_SESSION_TTL"):
+        sessions.session_ttl()
+
+
+def test_session_ttl_is_still_clamped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOXRUN_SESSION_TTL", "1e9")
+    assert sessions.session_ttl() == sessions.TTL_MAX
+    monkeypatch.setenv("SANDBOXRUN_SESSION_TTL", "0")
+    assert sessions.session_ttl() == sessions.TTL_MIN
+
+
+# ---------------------------------------------------------------------------- 2. profile files
+
+
+def test_a_profile_name_too_long_is_a_profile_error() -> None:
+    with pytest.raises(ProfileError, match="too long"):
+        profile.load(LONG)
+    with pytest.raises(ProfileError, match="File name too long"):
+        profile.load(f"/tmp/{LONG}.toml")
+    assert_clean_error(cli("-p", LONG, "--", "true"), "profile")
+
+
+def test_an_unusable_profile_path_entry_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "mine.toml").write_text('extends = "strict"\n')
+    monkeypatch.setenv("SANDBOXRUN_PROFILE_PATH", f"{tmp_path / LONG}:{good}")
+    assert profile.load("strict").name == "strict"  # the built-in profiles still work
+    assert profile.load("mine").name == "mine"
+    with pytest.raises(ProfileError, match=f"unknown profile .*skipped {tmp_path / LONG}: File name too long"):
+        profile.load("nosuch")
+
+
+def test_an_unusable_profile_path_entry_does_not_break_a_cli_run(tmp_path: Path) -> None:
+    r = cli("--", "true", env={"SANDBOXRUN_PROFILE_PATH": str(tmp_path / LONG)})
+    text = r.stderr.decode(errors="replace")
+    assert "internal error" not in text and "Traceback" not in text, text
+    assert r.returncode in (0, 125) and "File name too long" not in text, text
+
+
+def test_a_profile_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "p.toml"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        with pytest.raises(ProfileError, match="not a regular file"):
+            profile.load(path)
+    with pytest.raises(ProfileError, match="is a directory"):
+        profile.load(str(tmp_path) + "/")
+    with pytest.raises(ProfileError, match="no such profile file"):
+        profile.load(str(tmp_path / "none.toml"))
+    with pytest.raises(ProfileError, match="no such profile file"):
+        profile.load("a\ud800.toml")
+
+
+# ---------------------------------------------------------------------------- 3. state directory
+
+
+@pytest.mark.parametrize("where", ["/proc", "/sys"])
+def test_a_state_directory_that_takes_no_folders(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", where)
+    with pytest.raises(SandboxError, match=f"state directory {where}"):
+        sessions.start(["true"])
+
+
+# ---------------------------------------------------------------------------- 4. MCP tools
+
+
+class _ToolError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script, needle", [
+    ("x\0.py", "script: contains a NUL byte"),
+    ("x\ud800.py", "lone surrogate"),
+    ("../outside.py", "outside the workspace"),
+])
+def test_mcp_script_paths(tmp_path: Path, script: str, needle: str) -> None:
+    from sandbox.mcp_server import Tools
+
+    tools = Tools(profile.load("strict"), str(tmp_path), _ToolError)
+    with pytest.raises(_ToolError, match=needle):
+        tools.run_python(script=script)
+
+
+# ---------------------------------------------------------------------------- 5. python -f ARG
+
+
+def test_a_function_argument_nested_too_deeply_is_a_string() -> None:
+    deep = "[" * 100000
+    assert coderunner._cli_value(deep) == deep
+    assert coderunner._cli_value("[[1]]") == [[1]]
+
+
+def test_a_library_argument_nested_too_deeply_is_an_input_error(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("def f(*a):\n    return len(a)\n")
+    deep: list = []
+    for _ in range(100000):
+        deep = [deep]
+    with pytest.raises(InputError, match="nested too deeply"):
+        coderunner.run_python(str(script), [deep], function="f")
+
+
+def test_cli_python_function_with_a_deep_argument(tmp_path: Path, isolated) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("def f(a):\n    return len(a)\n")
+    r = cli("python", str(script), "-f", "f", "[" * 100000)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert r.stdout.decode().strip().splitlines()[-1] == "100000"
+
+
+# ---------------------------------------------------------------------------- 6. hostname
+
+
+@pytest.mark.parametrize("name", ["a\nb", "\ud800", "-a", "", "a" * 65, "a b", "a/b", "h\u00e9"])
+def test_a_hostname_override_that_is_no_host_name(name: str) -> None:
+    with pytest.raises(ProfileError, match="hostname"):
+        profile.with_overrides(profile.load("strict"), hostname=name)
+
+
+@pytest.mark.parametrize("name", ["a\nb", "-a", "a b"])
+def test_a_profile_hostname_that_is_no_host_name(name: str) -> None:
+    with pytest.raises(ProfileError, match="x.toml: process.hostname"):
+        profile.from_dict({"extends": "strict", "process": {"hostname": name}}, source="x.toml")
+
+
+@pytest.mark.parametrize("name", ["box", "my-host.example", "a" * 64, "1.2"])
+def test_plain_hostnames_are_accepted(name: str) -> None:
+    assert profile.with_overrides(profile.load("strict"), hostname=name).hostname == name
+
+
+# ---------------------------------------------------------------------------- 7. session names
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_session_name_that_could_not_be_found_again(state: Path, name: str) -> None:
+    with pytest.raises(InputError, match="name"):
+        sessions.start(["true"], name=name)
+    assert not state.exists() or sessions.list_sessions() == []
+
+
+def test_cli_start_name_dotdot(state: Path) -> None:
+    assert_clean_error(cli("start", "--name", "..", "--", "true"), "name")
+
+
+# ---------------------------------------------------------------------------- 8. SANDBOXRUN_UID_LOCK
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("", "expected an absolute path"),
+    ("rel.lock", "expected an absolute path"),
+    ("/", "Is a directory"),
+])
+def test_uid_lock_values(monkeypatch: pytest.MonkeyPatch, value: str, needle: str) -> None:
+    monkeypatch.setenv("SANDBOXRUN_UID_LOCK", value)
+    with pytest.raises(InputError, match=f"SANDBOXRUN_UID_LOCK=.*{needle}"):
+        uids._open_lock_file()
+
+
+def test_uid_lock_in_a_missing_directory_makes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOXRUN_UID_LOCK", str(tmp_path / "nodir" / "x.lock"))
+    with pytest.raises(InputError, match="SANDBOXRUN_UID_LOCK=.*No such file"):
+        uids._open_lock_file()
+    assert not (tmp_path / "nodir").exists()
+    monkeypatch.setenv("SANDBOXRUN_UID_LOCK", str(tmp_path / "x.lock"))
+    os.close(uids._open_lock_file())  # an existing directory: the file is made there
+    assert (tmp_path / "x.lock").is_file()
+
+
+def test_cli_run_with_a_uid_lock_in_a_missing_directory(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("per-run uids (and their lock file) are for root callers")
+    r = cli("--", "true", env={"SANDBOXRUN_UID_LOCK": str(tmp_path / "nodir" / "x.lock")})
+    assert not (tmp_path / "nodir").exists()
+    if r.returncode == 0:
+        pytest.skip("this host's runs take no per-run uid (rootless or owner mode)")
+    assert_clean_error(r, "SANDBOXRUN_UID_LOCK")
+
+
+# ---------------------------------------------------------------------------- 9. bytes that are not UTF-8
+
+
+def test_cli_write_paste_send_keys_take_the_bytes_as_given(state: Path, isolated) -> None:
+    s = sandbox.start(["cat"], name="plain")
+    t = sandbox.start(["cat"], name="term", pty=True)
+    assert cli("write", "plain", b"\xff").returncode == 0
+    assert cli("paste", "plain", b"a\xfe").returncode == 0
+    for args in (("send-keys", "term", b"\xff"), ("send-keys", "-L", "term", b"\xfe")):
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+    s.write(b"", eof=True)
+    res = s.wait(20)
+    assert res is not None and s._read_log("stdout")[1] == b"\xffa\xfe"
+    t.kill(grace=0)
+
+
+def test_library_write_of_a_lone_surrogate(state: Path, isolated) -> None:
+    s = sandbox.start(["cat"])
+    for call in (lambda: s.write("a\ud800"), lambda: s.paste("\ud800")):
+        with pytest.raises(InputError, match="lone surrogate"):
+            call()
+    t = sandbox.start(["cat"], pty=True)
+    for literal in (False, True):
+        with pytest.raises(InputError, match="lone surrogate"):
+            t.send_keys("\ud800", literal=literal)
+    with pytest.raises(InputError, match="stdin: .*lone surrogate"):
+        sandbox.start(["cat"], stdin="\ud800")
+    assert s.write("\udcff", eof=True) == 1  # a command line's byte (surrogateescape): that byte
+    res = s.wait(20)
+    assert res is not None and s._read_log("stdout")[1] == b"\xff"
+    t.kill(grace=0)
