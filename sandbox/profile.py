@@ -636,6 +636,7 @@ def check_pattern(pattern: str, err: Any) -> None:
         raise err(problem)
 
 
+MIN_OPEN_FILES = 8
 _MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "workdir_size": 64 * 2**10, "shm_size": 64 * 2**10, "address_space": 16 * 2**20,
              "file_size": 1, "log_size": 4096}
 
@@ -649,6 +650,10 @@ def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
         if v is not None and v < minimum:
             raise ProfileError(f"must be at least {format_size(minimum)}", source=source, key=f"limits.{key}",
                                value=raw.get(key, v))
+    if limits.open_files is not None and limits.open_files < MIN_OPEN_FILES:  # else Landlock's setup fails, EMFILE
+        raise ProfileError(f"must be at least {MIN_OPEN_FILES} (the sandbox's own set-up holds a few files open "
+                           "under this limit)", source=source, key="limits.open_files",
+                           value=raw.get("open_files", limits.open_files))
 
 
 # ---------------------------------------------------------------------------- overrides

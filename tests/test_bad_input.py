@@ -90,6 +90,7 @@ LIBRARY: list[Any] = [
     ("cpus-tiny", ["true"], {"cpus": 1e-9}, "cpus"),
     ("tmp-size-zero", ["true"], {"tmp_size": 0}, "tmp_size"),
     ("processes-zero", ["true"], {"processes": 0}, "positive"),
+    ("open-files-too-few", ["true"], {"open_files": 3}, "at least 8"),  # was a setup_error blaming Landlock
     ("cpus-negative", ["true"], {"cpus": -1}, "negative"),
     ("cwd-missing", ["true"], {"cwd": "/no/such/dir"}, "no such directory"),
     ("cwd-file", ["true"], {"cwd": "/etc/passwd"}, "not a directory"),
