@@ -27,6 +27,9 @@ EXIT_INTERRUPTED = 130
 SUBCOMMANDS = ("run", "check", "profiles", "doctor", "start", "list", "poll", "log", "write", "send-keys",
                "submit", "paste", "kill", "wait", "clear", "remove", "payload", "python", "mcp", "batch")
 
+_SESSION_COMMANDS = ("start", "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "wait",
+                     "clear", "remove")
+
 
 class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
@@ -293,8 +296,7 @@ def _dispatch(name: str) -> Callable[[list[str]], int]:
         from .doctor import main as doctor_main
 
         return doctor_main
-    if name in ("start", "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "wait",
-                "clear", "remove"):
+    if name in _SESSION_COMMANDS:
         from .sessions_cli import main as sessions_main
 
         return lambda a: sessions_main([name, *a])
@@ -332,8 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sandboxrun {__version__}")
         return 0
     handler = cmd_run
+    name = "run"
     if args and args[0] in SUBCOMMANDS:
-        handler = _dispatch(args[0])
+        name = args[0]
+        handler = _dispatch(name)
         args = args[1:]
 
     def on_term(sig: int, _frame: object) -> None:
@@ -344,7 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
-        print("sandboxrun: interrupted; sandbox torn down", file=sys.stderr)
+        # The session commands only look at or talk to a background session, which runs on.
+        owns = name not in _SESSION_COMMANDS or name == "start"
+        print("sandboxrun: interrupted" + ("; sandbox torn down" if owns else ""), file=sys.stderr)
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
         if debug:

@@ -172,8 +172,17 @@ def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def check_size(argv: list[str], env: dict[str, str]) -> None:
-    size = sum(len(os_bytes(a, f"command[{i}]")) + 1 + 8 for i, a in enumerate(argv))
-    size += sum(len(os_bytes(k, "env key")) + len(os_bytes(v, f"env[{k!r}]")) + 2 + 8 for k, v in env.items())
+    try:
+        size = sum(len(a.encode("utf-8", "surrogateescape")) + 1 + 8 for a in argv)
+        size += sum(len(k.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 2 + 8
+                    for k, v in env.items())
+    except UnicodeEncodeError:  # a lone surrogate: say which argument or variable (labels only now)
+        for i, a in enumerate(argv):
+            os_bytes(a, f"command[{i}]")
+        for k, v in env.items():
+            os_bytes(k, "env key")
+            os_bytes(v, f"env[{k!r}]")
+        raise
     if size > ARG_MAX:
         raise InputError(f"command and environment are {size} bytes, over ARG_MAX ({ARG_MAX})")
 

@@ -586,3 +586,22 @@ def test_a_request_cut_while_the_session_still_runs_is_a_named_error(tmp_path: P
     with pytest.raises(SandboxError, match="closed the connection without an answer") as e:
         sessions.Session("0123abcd", root=str(tmp_path)).write(b"x" * 100)
     assert not isinstance(e.value, InputError)
+
+
+def test_ctrl_c_on_wait_says_interrupted_and_the_session_runs_on() -> None:
+    """`sandboxrun wait` only waits: it said "sandbox torn down" while the session ran on."""
+    sid = cli("start", "--", "sleep", "30").stdout.decode().strip()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "wait", sid], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        until(lambda: sessions.get(sid).state == "running", what="the session running")
+        time.sleep(0.5)  # into its wait; a signal before that is answered the same way
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 130 and err == b"sandboxrun: interrupted\n", (p.returncode, err)
+    assert sessions.get(sid).state == "running"
