@@ -170,6 +170,9 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
     raise ProfileError(f"unknown profile (built-in: {', '.join(builtin_names())}){note}", key="profile", value=ref)
 
 
+MAX_PROFILE_BYTES = 1 << 20
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     cached = _parsed_cache(path)
     if cached is not None:
@@ -178,7 +181,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib  # ~10 ms with what it imports: only on a cache miss
 
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"larger than {MAX_PROFILE_BYTES >> 20} MiB: not a profile", source=str(path))
+        # A byte order mark, as some Windows editors write: TOML does not allow it, we skip it.
+        raw = tomllib.loads(data.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
         _store_parsed(path, raw)
         return raw
     except tomllib.TOMLDecodeError as e:

@@ -281,3 +281,18 @@ def test_profile_that_binds_nothing_read_only_is_refused(tmp_path) -> None:
     assert _profile(tmp_path, '[filesystem]\nro_bind_try = ["/usr"]\n').mounts[0].target == "/usr"
     host = _profile(tmp_path, '[filesystem]\nview = "host"\n[security]\nnamespaces = []\n[network]\nmode = "host"\n')
     assert host.view == "host" and host.mounts == ()  # no private view: nothing to bind into
+
+
+def test_a_profile_saved_with_a_byte_order_mark_loads(tmp_path) -> None:
+    """Some Windows editors start UTF-8 files with a BOM, which TOML does not allow: it read
+    as 'Invalid statement (at line 1, column 1)'."""
+    f = tmp_path / "bom.toml"
+    f.write_bytes(b"\xef\xbb\xbf" + b'extends = "strict"\n[limits]\ntimeout = "7s"\n')
+    assert load(str(f)).limits.timeout == 7
+
+
+def test_a_huge_file_is_no_profile(tmp_path) -> None:
+    f = tmp_path / "huge.toml"
+    f.write_bytes(b"# " + b"x" * (2 << 20) + b"\n")
+    with pytest.raises(ProfileError, match="larger than 1 MiB"):
+        load(str(f))
