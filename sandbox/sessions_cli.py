@@ -49,11 +49,14 @@ def cmd_start(argv: list[str]) -> int:
     add_run_options(p)
     p.add_argument("--name", "-n", help="a name to find the session by (default: derived from the command)")
     p.add_argument("--pty", action="store_true", help="give the command a terminal owned by the session")
-    p.add_argument("--cols", type=int, default=80, help="terminal width (default 80)")
-    p.add_argument("--rows", type=int, default=24, help="terminal height (default 24)")
+    p.add_argument("--cols", type=int, help="terminal width (default 80)")
+    p.add_argument("--rows", type=int, help="terminal height (default 24)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
     cmd = command_of(p, ns, "sandboxrun start [OPTIONS] -- CMD [ARGS...]")
+    if not ns.pty and (ns.cols is not None or ns.rows is not None):
+        raise InputError("--cols and --rows size the session's terminal: add --pty")
+    ns.cols, ns.rows = 80 if ns.cols is None else ns.cols, 24 if ns.rows is None else ns.rows
     kw = run_kwargs(ns)
     shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
     try:

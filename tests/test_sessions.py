@@ -605,3 +605,10 @@ def test_ctrl_c_on_wait_says_interrupted_and_the_session_runs_on() -> None:
             p.communicate()
     assert p.returncode == 130 and err == b"sandboxrun: interrupted\n", (p.returncode, err)
     assert sessions.get(sid).state == "running"
+
+
+def test_cli_terminal_size_without_a_terminal_is_refused() -> None:
+    r = cli("start", "--cols", "120", "--", "true")
+    assert r.returncode == 2 and b"add --pty" in r.stderr, r.stderr
+    r = cli("start", "--pty", "--cols", "0", "--", "true")
+    assert r.returncode == 2 and b"cols" in r.stderr, r.stderr  # 0 is refused, not taken for the default
