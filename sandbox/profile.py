@@ -487,6 +487,23 @@ def _nested_bind_problem(target: str, others: list[str]) -> str | None:
     return None
 
 
+def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
+    """A file bound where a directory is bound already (or the other way): its mount would
+    fail at setup (ENOTDIR), naming a staging path instead of this bind."""
+    def kind(path: str) -> str | None:
+        try:
+            return "directory" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
+        except (OSError, ValueError):
+            return None
+
+    for o in existing:
+        if _norm(o.target) == _norm(m.target):
+            mine, theirs = kind(m.source), kind(o.source)
+            if mine and theirs and mine != theirs:
+                return f"{_norm(m.target)} is where the profile binds a {theirs} ({o.source}): a {mine} cannot go there"
+    return None
+
+
 def workdir_problem(workdir: str) -> str | None:
     """Why a private view's workdir path would hide the sandbox's system, or None."""
     if workdir == "same":
@@ -711,9 +728,11 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 raise err(f"profile {profile.name!r}: {HOST_VIEW_BIND}")
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
                           for s in specs)
-            others = [o.target for o in changes.get("mounts", profile.mounts)]
+            existing = changes.get("mounts", profile.mounts)
+            others = [o.target for o in existing]
             for spec, m in zip(specs, extra, strict=True):
-                problem = bind_problem(m.target, profile.workdir) or _nested_bind_problem(m.target, others)
+                problem = (bind_problem(m.target, profile.workdir) or _nested_bind_problem(m.target, others)
+                           or _kind_clash(m, existing))
                 if problem:
                     raise _error_for(src, key, spec)(problem)
                 others.append(m.target)

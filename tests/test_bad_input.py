@@ -133,6 +133,8 @@ LIBRARY: list[Any] = [
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
     ("bind-over-workdir", ["true"], {"bind": "/tmp:/work"}, "is the workdir"),
     ("ro-bind-over-tmp", ["true"], {"ro_bind": "/usr:/tmp"}, "/tmp"),
+    ("ro-bind-file-over-dir", ["true"], {"ro_bind": "/etc/hostname:/usr"}, "binds a directory"),  # was a 125
+    ("ro-bind-dir-over-file", ["true"], {"ro_bind": "/usr/lib:/etc/ld.so.cache"}, "binds a file"),
     ("ro-bind-host-view", ["true"], {"profile": "nested", "ro_bind": "/usr:/x"}, "view = 'host'"),
 ]
 
