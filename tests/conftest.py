@@ -48,6 +48,24 @@ def contained(isolated: sandbox.Result) -> sandbox.Result:
 
 
 @pytest.fixture
+def private_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private sessions state directory; whatever a test left running is removed."""
+    from sandbox import sessions
+    from sandbox.errors import SandboxError
+
+    d = tmp_path / "state"
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(d))
+    monkeypatch.delenv("SANDBOXRUN_SESSION_TTL", raising=False)
+    yield d
+    if d.exists():
+        for s in sessions.list_sessions(sweep=False):
+            try:
+                s.remove(grace=0)
+            except SandboxError:
+                pass
+
+
+@pytest.fixture
 def host_listener() -> Iterator[int]:
     """A TCP listener on the host's 127.0.0.1; yields its port."""
     srv = socket.socket()

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,18 +45,9 @@ def assert_clean_error(r: subprocess.CompletedProcess[bytes], needle: str) -> No
 
 
 @pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private state directory; whatever a test left running is removed."""
-    d = tmp_path / "state"
-    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(d))
-    monkeypatch.delenv("SANDBOXRUN_SESSION_TTL", raising=False)
-    yield d
-    if d.exists():
-        for s in sessions.list_sessions(sweep=False):
-            try:
-                s.remove(grace=0)
-            except SandboxError:
-                pass
+def state(private_state_dir: Path) -> Path:
+    """A private state directory (conftest); what a test left running is removed."""
+    return private_state_dir
 
 
 # ---------------------------------------------------------------------------- 1. grace, timeout, TTL

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,18 +22,9 @@ ROOT = Path(sandbox.__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated) -> Iterator[Path]:
-    """A private state directory per test; whatever a test left running is removed."""
-    d = tmp_path / "state"
-    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(d))
-    monkeypatch.delenv("SANDBOXRUN_SESSION_TTL", raising=False)
-    yield d
-    if d.exists():
-        for s in sessions.list_sessions(sweep=False):
-            try:
-                s.remove(grace=0)
-            except SandboxError:
-                pass
+def state(private_state_dir: Path, isolated) -> Path:
+    """A private state directory per test (conftest); what a test left running is removed."""
+    return private_state_dir
 
 
 def cli(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
