@@ -39,7 +39,10 @@ def problem(pattern: str) -> str | None:
         tree = P.parse(pattern)
     except Exception:  # noqa: BLE001 - re.compile has judged it already; never fail here
         return None
-    return _walk(list(tree), in_repeat=False)
+    try:
+        return _walk(list(tree), in_repeat=False)
+    except RecursionError:  # re.compile refuses such depth first; never a traceback here
+        return "groups nested too deeply to check"
 
 
 def _walk(items: list[Any], in_repeat: bool) -> str | None:
