@@ -348,8 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
-        # The session commands only look at or talk to a background session, which runs on.
-        owns = name not in _SESSION_COMMANDS or name == "start"
+        # Only these run sandboxes of their own; the other session commands talk to a
+        # background session, which runs on (and `check`, `profiles` run none).
+        owns = name in ("run", "start", "batch", "payload", "python", "mcp", "doctor")
         print("sandboxrun: interrupted" + ("; sandbox torn down" if owns else ""), file=sys.stderr)
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
