@@ -102,12 +102,13 @@ def _load_profile(profile: str | Profile) -> Profile:
 
 def scan(text: str, prof: Profile) -> str | None:
     """The first `[filter] scan` pattern that matches `text`, as a reason; None when none does."""
+    from .linear_regex import compile_pattern
+
     for i, pattern in enumerate(prof.scan):
         try:
-            rx = re.compile(pattern, re.MULTILINE)
-        except re.error as e:
-            raise ProfileError(f"invalid regex: {e}", source=prof.source, key=f"filter.scan[{i}]",
-                               value=pattern) from None
+            rx = compile_pattern(pattern, multiline=True)  # RE2: linear in the script's length
+        except ValueError as e:
+            raise ProfileError(str(e), source=prof.source, key=f"filter.scan[{i}]", value=pattern) from None
         m = rx.search(text)
         if m:
             line = text.count("\n", 0, m.start()) + 1

@@ -46,6 +46,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from .record import record
 
@@ -214,34 +215,20 @@ def _rules() -> _RuleSet:
     return _RuleSet(rules, re.compile(_CMD_TRIGGER))
 
 
-# A group that repeats something repeatable, like (a+)+ or (x{2,})*: exponential backtracking on
-# an untrusted command. A first, textual check; regex_safety reads the parsed pattern for more.
-_NESTED_QUANTIFIER = r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]"
-
-
 def pattern_problem(pattern: str) -> str | None:
-    """Why a block pattern is refused (invalid, or can backtrack catastrophically), or None."""
+    """Why an operator's block pattern is refused (no regex, or one RE2 cannot run), or None."""
+    from .linear_regex import problem
+
+    return problem(pattern)
+
+
+def _compile_extra(pattern: str) -> Any:
+    from .linear_regex import compile_pattern
+
     try:
-        re.compile(pattern)
-    except (re.error, TypeError, ValueError, OverflowError, RecursionError) as e:
-        return f"invalid regular expression: {e}"
-    if re.search(_NESTED_QUANTIFIER, pattern):
-        return "nested quantifier (like (a+)+) can backtrack for ever on a hostile command: rewrite it"
-    from .regex_safety import problem
-
-    why = problem(pattern)
-    if why:
-        return (f"{why} can backtrack for ever on a hostile command: rewrite it (a character class, "
-                "or a possessive *+ or atomic (?>...) group)")
-    return None
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_extra(pattern: str) -> re.Pattern[str]:
-    problem = pattern_problem(pattern)
-    if problem:
-        raise ValueError(f"invalid extra_block pattern {pattern!r}: {problem}")
-    return re.compile(pattern)
+        return compile_pattern(pattern)
+    except ValueError as e:
+        raise ValueError(f"invalid extra_block pattern {pattern!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- lexer
@@ -643,12 +630,12 @@ def check(
         verdict, simple = _scan(stripped, 0, [MAX_TOKENS])
         if verdict is not None:
             return verdict
-    for i, rx in enumerate(extras, 1):
-        m = rx.search(command)
+    for i, (pattern, rx) in enumerate(zip(extra_block, extras, strict=True), 1):
+        m = rx.search(command)  # RE2: linear in the command, whatever the operator wrote
         if m:
             rid = f"custom-{i}"
             hit = m.group() if len(m.group()) <= _SNIPPET else m.group()[: _SNIPPET - 3] + "..."
-            return Verdict(False, rid, f"blocked by rule '{rid}': matched block pattern '{rx.pattern}' (at {hit!r})")
+            return Verdict(False, rid, f"blocked by rule '{rid}': matched block pattern '{pattern}' (at {hit!r})")
     if allow:
         if simple is None:
             try:

@@ -379,16 +379,16 @@ def test_near_miss_repetitions_do_not_hang(fragment: str, times: int, head: str)
 
 
 def test_profile_block_pattern_cannot_hang_the_runner() -> None:
-    """Run in a child process so the hang, if any, is bounded."""
+    """Run in a child process so the hang, if any, is bounded: operators' patterns are
+    matched by RE2 (linear time), so even (a+)+ answers at once."""
     import subprocess
     import sys
 
     code = ("from sandbox.filter import check\n"
-            "try:\n    check('a' * 40 + '!', blocklist=False, extra_block=[r'^(a+)+$'])\n"
-            "except ValueError as e:\n    print('refused', e)")
+            "print(check('a' * 40 + '!', blocklist=False, extra_block=[r'^(a+)+$']).allowed)")
     try:
-        out = subprocess.run([sys.executable, "-c", code], timeout=2, check=True, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", code], timeout=5, check=True, capture_output=True, text=True,
                              cwd=str(Path(__file__).resolve().parent.parent)).stdout
     except subprocess.TimeoutExpired:
-        pytest.fail("check() with filter.block = ['^(a+)+$'] ran for more than 2 s on 41 characters")
-    assert out.startswith("refused") and "nested quantifier" in out, out
+        pytest.fail("check() with filter.block = ['^(a+)+$'] ran for more than 5 s on 41 characters")
+    assert out == "True\n", out
