@@ -231,12 +231,20 @@ def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
     return path
 
 
+def _split(field: str, text: str, hint: str = "") -> list[str]:
+    """Shell words of `text`; bounded first: no command line is longer than ARG_MAX."""
+    limit = os.sysconf("SC_ARG_MAX")
+    if len(text) > limit:
+        raise PayloadError(field, f"{len(text)} characters, over ARG_MAX ({limit})")
+    try:
+        return shellwords.split(text)
+    except ValueError as e:
+        raise PayloadError(field, f"cannot split {text[:80]!r}: {e}{hint}") from None
+
+
 def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
     if method == "script":
-        try:
-            req.args = shellwords.split(args) if args else []
-        except ValueError as e:
-            raise PayloadError("args", f"cannot split {args!r}: {e}") from None
+        req.args = _split("args", args) if args else []
         return
     if not args or not args.strip():
         what = "the function name (and its arguments)" if method == "function" else "the statement to run"
@@ -244,10 +252,7 @@ def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
     if method == "statement":
         req.statement = args
         return
-    try:
-        parts = shellwords.split(args)
-    except ValueError as e:
-        raise PayloadError("args", f"cannot split {args!r}: {e}") from None
+    parts = _split("args", args)
     name = parts[0]
     if not all(p.isidentifier() for p in name.split(".")):
         raise PayloadError("args", f"expected a function name first, got {name!r}")
@@ -323,10 +328,7 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
         elif req.shell:
             req.argv = ["/bin/sh", "-c", cmd]
         else:
-            try:
-                req.argv = shellwords.split(cmd)
-            except ValueError as e:
-                raise PayloadError("command", f"cannot split {cmd[:80]!r}: {e} (set shell to \"true\"?)") from None
+            req.argv = _split("command", cmd, hint=' (set shell to "true"?)')
             if not req.argv:
                 raise PayloadError("command", "missing: the command line to run")
     else:

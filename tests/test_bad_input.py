@@ -352,6 +352,7 @@ PAYLOAD_ROWS: list[Any] = [
     ("cwd-file", _payload({"command": "ls", "cwd": "/etc/passwd"}), "cwd"),
     ("cwd-system-tree", _payload({"command": "ls", "cwd": "/etc"}), "cwd"),
     ("over-arg-max", _payload({"command": BIG}), "command"),
+    ("over-arg-max-split", _payload({"command": BIG, "shell": "false"}), "command"),  # before splitting
     ("shelltype-foreign", _payload({"command": "dir", "shelltype": "windowsbat"}), "shelltype"),
     ("unsplittable", _payload({"command": "echo 'oops", "shell": "false"}), "command"),
     ("lone-surrogate-shell", _payload({"command": "echo \ud800"}), "command"),
