@@ -1123,8 +1123,9 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
 
     Takes sandbox.run's arguments (profile, timeout, cwd, env, stdin, shell, limit
     overrides) plus start()'s (name, pty, cols, rows)."""
-    if isinstance(yield_after, bool) or not isinstance(yield_after, (int, float)) or not yield_after >= 0:
-        raise InputError(f"yield_after: expected seconds >= 0, got {yield_after!r}")
+    # Checked before the session starts: a value wait() refused after it would leave one
+    # running that the caller never learns of.
+    yield_after = _seconds("yield_after", yield_after, forever=True)
     for bad in ("on_stdout", "on_stderr", "stdin_fd"):
         if kwargs.get(bad) is not None:
             raise InputError(f"{bad} cannot be combined with yield_after (the output goes to the session's logs)")

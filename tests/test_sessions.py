@@ -603,3 +603,10 @@ def test_cli_terminal_size_without_a_terminal_is_refused() -> None:
     assert r.returncode == 2 and b"add --pty" in r.stderr, r.stderr
     r = cli("start", "--pty", "--cols", "0", "--", "true")
     assert r.returncode == 2 and b"cols" in r.stderr, r.stderr  # 0 is refused, not taken for the default
+
+
+def test_a_yield_too_long_is_refused_before_any_session_starts() -> None:
+    """wait() refused it after start(): the call failed and left a session running unseen."""
+    with pytest.raises(InputError, match="yield_after"):
+        sessions.run_or_yield(["sleep", "30"], yield_after=1e12)
+    assert sessions.list_sessions(sweep=False) == []
