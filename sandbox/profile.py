@@ -500,7 +500,7 @@ def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
         if _norm(o.target) == _norm(m.target):
             mine, theirs = kind(m.source), kind(o.source)
             if mine and theirs and mine != theirs:
-                return f"{_norm(m.target)} is where the profile binds a {theirs} ({o.source}): a {mine} cannot go there"
+                return f"{_norm(m.target)} is where a {theirs} is bound already ({o.source}): a {mine} cannot go there"
     return None
 
 
@@ -730,9 +730,9 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                           for s in specs)
             existing = changes.get("mounts", profile.mounts)
             others = [o.target for o in existing]
-            for spec, m in zip(specs, extra, strict=True):
+            for i, (spec, m) in enumerate(zip(specs, extra, strict=True)):
                 problem = (bind_problem(m.target, profile.workdir) or _nested_bind_problem(m.target, others)
-                           or _kind_clash(m, existing))
+                           or _kind_clash(m, (*existing, *extra[:i])))
                 if problem:
                     raise _error_for(src, key, spec)(problem)
                 others.append(m.target)

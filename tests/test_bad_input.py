@@ -133,8 +133,9 @@ LIBRARY: list[Any] = [
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
     ("bind-over-workdir", ["true"], {"bind": "/tmp:/work"}, "is the workdir"),
     ("ro-bind-over-tmp", ["true"], {"ro_bind": "/usr:/tmp"}, "/tmp"),
-    ("ro-bind-file-over-dir", ["true"], {"ro_bind": "/etc/hostname:/usr"}, "binds a directory"),  # was a 125
-    ("ro-bind-dir-over-file", ["true"], {"ro_bind": "/usr/lib:/etc/ld.so.cache"}, "binds a file"),
+    ("ro-bind-file-over-dir", ["true"], {"ro_bind": "/etc/hostname:/usr"}, "a directory is bound"),  # was a 125
+    ("ro-bind-dir-over-file", ["true"], {"ro_bind": "/usr/lib:/etc/ld.so.cache"}, "a file is bound"),
+    ("ro-binds-of-two-kinds", ["true"], {"ro_bind": ["/usr/lib:/x", "/etc/hostname:/x"]}, "a directory is bound"),
     ("ro-bind-host-view", ["true"], {"profile": "nested", "ro_bind": "/usr:/x"}, "view = 'host'"),
 ]
 
