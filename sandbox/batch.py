@@ -242,6 +242,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity; nothing else can
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999: no NaN/Infinity by another name
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
 def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number, request or _Invalid) per non-blank line, read lazily."""
     for n, raw in _lines(stream):
@@ -251,7 +258,7 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw, parse_constant=_no_constant)
+            obj = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
             continue

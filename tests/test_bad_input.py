@@ -409,6 +409,7 @@ BATCH_ROWS: list[Any] = [
     ("number-of-5000-digits", b'{"command": "true", "timeout": ' + b"9" * 5000 + b"}", "4300 digits"),
     ("nan", b'{"command": "true", "id": NaN}', "NaN is not JSON"),
     ("infinity", b'{"command": "true", "timeout": -Infinity}', "Infinity is not JSON"),
+    ("overflowing-float", b'{"command": "true", "id": 1e999}', "too large a number"),
     pytest.param("deeply-nested", b"[" * 100_000, "JSON"),
 ]
 
