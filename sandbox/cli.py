@@ -2,8 +2,8 @@
 
 Exit codes: the command's own; 128+N when a signal ended it; 124 on timeout (as
 timeout(1)); 125 when blocked or when the sandbox could not be set up; 2 for bad
-arguments, profiles or payloads; 130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP). Errors are one line, never a
-traceback (`--debug` shows one).
+arguments, profiles or payloads; 130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP; `mcp`, a server,
+ends cleanly with 0). Errors are one line, never a traceback (`--debug` shows one).
 """
 
 from __future__ import annotations

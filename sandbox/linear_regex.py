@@ -27,6 +27,8 @@ def compile_pattern(pattern: str, multiline: bool = False) -> Any:
     ValueError saying why it cannot be one."""
     import re
 
+    if not isinstance(pattern, str):
+        raise ValueError(f"expected a string, got {type(pattern).__name__}")
     try:
         re.compile(pattern)  # Python's own message for what is no regex at all
     except (re.error, TypeError, ValueError, OverflowError, RecursionError) as e:

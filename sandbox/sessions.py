@@ -757,7 +757,8 @@ class Session:
             try:
                 self._ctl(req, timeout=(grace if grace is not None else float(self.meta.get("kill_grace", 1))) + 30)
             except InputError:
-                pass  # it ended meanwhile
+                if self.state not in ("exited", "lost"):
+                    raise  # the monitor refused: say why, never skip the kill quietly
             except (SandboxError, OSError):
                 if self.state in ("running", "starting"):
                     raise
@@ -1134,7 +1135,14 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
         sess = start(command, **kwargs)
     except SessionBlocked as e:
         return e.result
-    res = sess.wait(timeout=yield_after)
+    try:
+        res = sess.wait(timeout=yield_after)
+    except BaseException:  # Ctrl-C, SIGTERM: the caller never learns its id, so it must not run on
+        try:
+            sess.remove(grace=0)
+        except SandboxError:
+            pass
+        raise
     if res is not None:
         sess.clear()
         res.session_id = None

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import end_marked, marker
@@ -610,3 +611,22 @@ def test_a_yield_too_long_is_refused_before_any_session_starts() -> None:
     with pytest.raises(InputError, match="yield_after"):
         sessions.run_or_yield(["sleep", "30"], yield_after=1e12)
     assert sessions.list_sessions(sweep=False) == []
+
+
+def test_an_interrupted_yield_leaves_no_session_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while `run --yield-ms` waited: the caller never got the id, and the session ran on."""
+    real_wait = sessions.Session.wait
+    calls = []
+
+    def interrupted_once(self: sessions.Session, timeout: float | None = None) -> Any:
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(sessions.Session, "wait", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        sessions.run_or_yield(["sleep", "30"], yield_after=5)
+    assert [s.state for s in sessions.list_sessions(sweep=False)] in ([], ["exited"])
+    for s in sessions.list_sessions(sweep=False):
+        assert gone(s.pid)
