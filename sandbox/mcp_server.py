@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from .errors import InputError, SandboxError
+from .errors import InputError, SandboxError, os_bytes
 from .profile import Profile
 
 INSTRUCTIONS = """Run shell commands and Python code in a hardened Linux sandbox (profile {profile}).
@@ -92,10 +92,9 @@ class Tools:
         if "\0" in script:
             raise self._fail("script: contains a NUL byte")
         try:
-            script.encode()
-        except UnicodeEncodeError as e:
-            raise self._fail(f"script: {script!r} has a lone surrogate at offset {e.start} "
-                             "(not valid UTF-8 text)") from None
+            os_bytes(script, "script")
+        except InputError as e:
+            raise self._fail(str(e)) from None
         path = os.path.realpath(os.path.join(self.workspace, script))
         if path != self.workspace and not path.startswith(self.workspace + os.sep):
             raise self._fail(f"script: {script!r} is outside the workspace")

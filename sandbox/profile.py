@@ -652,8 +652,8 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
 
 
 def check_pattern(pattern: str, err: Any) -> None:
-    """A profile's regex must compile and must not be able to hang the filter."""
-    from .filter import pattern_problem
+    """A profile's regex must be one RE2 can run (linear time: it cannot hang the filter)."""
+    from .linear_regex import problem as pattern_problem
 
     problem = pattern_problem(pattern)
     if problem:
