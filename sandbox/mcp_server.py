@@ -129,8 +129,11 @@ class Tools:
 
     def check_command(self, command: str) -> dict[str, Any]:
         from .filter import check
+        from .supervisor import to_argv
 
         p = self.profile
+        # What run_command would refuse as bad input (a NUL byte, a lone surrogate) is not "allowed".
+        self._call(lambda: os_bytes("\0".join(to_argv(command, True)), "command"))
         v = self._call(check, command, blocklist=p.blocklist, extra_block=p.block, allow=p.allow)
         return {"allowed": v.allowed, "rule": v.rule, "reason": v.reason, "profile": p.name}
 

@@ -1010,6 +1010,10 @@ def start(
         os.close(open_for_reading(stdin_file, "stdin_file"))  # readable, and no link in its path
         stdin_file = os.path.normpath(os.path.abspath(os.fspath(stdin_file)))
     prep = _prepare(command, profile, timeout, cwd, env, shell, pty, overrides)
+    if os.geteuid() == 0:  # root runs lease a uid: a bad lock setting is the caller's error, named now
+        from .isolation.uids import check_lock_file
+
+        check_lock_file()
     root = state_dir()
     sweep_expired(root)
     if name is not None:

@@ -246,6 +246,7 @@ def test_cli_start_name_dotdot(state: Path) -> None:
     ("", "expected an absolute path"),
     ("rel.lock", "expected an absolute path"),
     ("/", "Is a directory"),
+    ("/dev/null", "not a regular file"),  # its locks are anyone's: two callers would share uids
 ])
 def test_uid_lock_values(monkeypatch: pytest.MonkeyPatch, value: str, needle: str) -> None:
     monkeypatch.setenv("SANDBOXRUN_UID_LOCK", value)
@@ -271,6 +272,16 @@ def test_cli_run_with_a_uid_lock_in_a_missing_directory(tmp_path: Path) -> None:
     if r.returncode == 0:
         pytest.skip("this host's runs take no per-run uid (rootless or owner mode)")
     assert_clean_error(r, "SANDBOXRUN_UID_LOCK")
+
+
+@pytest.mark.parametrize("value, needle", [("rel.lock", "absolute path"), ("/dev/null", "regular file")])
+def test_cli_start_with_a_bad_uid_lock_is_an_input_error(state: Path, value: str, needle: str) -> None:
+    """Named by the starter (exit 2), not met later by the session's monitor (125)."""
+    if os.geteuid() != 0:
+        pytest.skip("per-run uids (and their lock file) are for root callers")
+    r = cli("start", "--", "true", env={"SANDBOXRUN_UID_LOCK": value})
+    assert_clean_error(r, needle)
+    assert not state.exists() or not [p for p in state.iterdir() if p.is_dir()]  # no session was made
 
 
 # ---------------------------------------------------------------------------- 9. bytes that are not UTF-8

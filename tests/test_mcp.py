@@ -107,6 +107,8 @@ def test_errors_are_tool_errors_with_the_reason(tmp_path: Path) -> None:
         d = structured(res)
         assert not is_error(res) and d["allowed"] is False and d["reason"]
         assert structured(await s.call_tool("check_command", {"command": "ls -la"}))["allowed"] is True
+        res = await s.call_tool("check_command", {"command": "echo a\0b"})  # run_command refuses it
+        assert is_error(res) and "NUL" in text(res), text(res)
         res = await s.call_tool("run_command", {"command": "rm -rf /"})
         assert is_error(res) and "blocked" in text(res)
         res = await s.call_tool("run_command", {"command": "true", "timeout": 100000})

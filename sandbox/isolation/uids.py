@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 import threading
 
@@ -85,10 +86,22 @@ def _open_lock_file() -> int:
         raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: expected an absolute path (the lock file "
                          "every run shares)")
     try:
-        return os.open(given, flags, 0o600)
+        fd = os.open(given, flags, 0o600)
     except OSError as e:
         raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: cannot open it as the uid lock file: "
                          f"{e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/null's locks are anyone's to take
+        os.close(fd)
+        raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: not a regular file (the uid lock file must be one "
+                         "that only sandboxrun locks)")
+    return fd
+
+
+def check_lock_file() -> None:
+    """Raise InputError now for a bad SANDBOXRUN_UID_LOCK, before a session's monitor would
+    meet it."""
+    if os.environ.get("SANDBOXRUN_UID_LOCK") is not None:
+        os.close(_open_lock_file())
 
 
 def allocate() -> Lease:
