@@ -707,8 +707,8 @@ class Session:
         n = 0
         if data:
             n = int(self._ctl({"op": "write", "data": base64.b64encode(bytes(data)).decode()})["written"])
-        if eof:
-            self._ctl({"op": "eof"})
+        if eof and not (n == 0 and self.state == "exited"):  # an ended command's stdin is closed already:
+            self._ctl({"op": "eof"})                          # the same answer however late we are
         return n
 
     def _need_pty(self, what: str) -> None:

@@ -568,6 +568,17 @@ def test_a_request_cut_because_the_session_ended_is_answered_not_an_internal_err
             s.write(b"x" * 100)
 
 
+def test_eof_to_an_ended_session_is_done_however_late(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when the request is cut (above): an ended command's stdin is closed already. Data
+    for it is refused: it would be lost."""
+    monkeypatch.setattr(sessions.Session, "state", property(lambda self: "exited"))
+    (tmp_path / "0123abcd").mkdir()
+    s = sessions.Session("0123abcd", root=str(tmp_path))
+    assert s.write(b"", eof=True) == 0
+    with pytest.raises(InputError, match="has ended"):
+        s.write(b"x", eof=True)
+
+
 def test_a_request_cut_while_the_session_still_runs_is_a_named_error(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     states = ["running"]
