@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import socket
 import subprocess
@@ -144,6 +145,15 @@ print('bpf', call(321, 0, 0, 0))
 print('userfaultfd', call(323, 0))
 print('perf_event_open', call(298, 0, 0, -1, -1, 0))
 print('io_uring_setup', call(425, 1, 0))
+ctx = ctypes.c_ulong(0)
+print('io_setup', call(206, 1, ctypes.addressof(ctx)))
+buf = ctypes.create_string_buffer(16)
+print('modify_ldt', call(154, 0, ctypes.addressof(buf), 16))
+open('f', 'w').close()
+try:
+    os.setxattr('f', 'user.x', b'1'); print('setxattr ok')
+except OSError as e:
+    print('setxattr', errno.errorcode[e.errno])
 import socket
 for fam in (16, 17, 40, 38):  # netlink, packet, vsock, alg
     try:
@@ -158,8 +168,9 @@ def test_seccomp_denies_kernel_surface_with_eperm() -> None:
     r = sandbox.run(["python3", "-c", SECCOMP_PROBE])
     lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
     for name in ("unshare_user", "ptrace_traceme", "keyctl", "bpf", "userfaultfd", "perf_event_open",
-                 "io_uring_setup", "socket 16", "socket 17", "socket 40", "socket 38"):
+                 "io_uring_setup", "modify_ldt", "socket 16", "socket 17", "socket 40", "socket 38"):
         assert lines[name] == "EPERM", (name, r.stdout, r.stderr)
+    assert lines["io_setup"] == "ENOSYS" and lines["setxattr"] == "ENOTSUP", r.stdout
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x32 is an x86_64 ABI")
@@ -291,12 +302,30 @@ def test_callers_workdir_is_idmapped_to_the_unprivileged_run_uid(tmp_path) -> No
 def test_proc_entries_that_describe_the_host_are_masked(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     # The host's boot arguments (a VM's may name its control ports), keys, timers: empty inside.
     monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
-    names = [n for n in ("cmdline", "keys", "timer_list", "sched_debug") if os.path.exists(f"/proc/{n}")]
+    names = [n for n in ("cmdline", "keys", "timer_list", "sched_debug", "locks") if os.path.exists(f"/proc/{n}")]
     with open("/proc/cmdline", "rb") as f:
         assert f.read().strip(), "the control: the host's own is not empty"
+    held = open("/proc/self/exe", "rb")  # noqa: SIM115 - a lock of ours the host's /proc/locks lists
+    fcntl.flock(held, fcntl.LOCK_SH)
+    with open("/proc/locks", "rb") as f:
+        assert f.read().strip(), "the control: the host's lists our lock"
     r = sandbox.run(["sh", "-c", "for n in " + " ".join(names) + "; do printf '%s=' $n; wc -c < /proc/$n; done"])
+    held.close()
     assert r.status == "ok", r
     assert r.stdout.split() == [f"{n}=0" for n in names], r.stdout
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_run_holds_at_most_max_ptys_terminals(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Its own devpts instance is capped: the kernel's shared pty pool is not the run's to use up."""
+    from sandbox.isolation.filesystem import MAX_PTYS
+
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    code = ("import os\nn = 0\ntry:\n    while True:\n        os.openpty(); n += 1\n"
+            "except OSError as e:\n    print(n, e.strerror)")
+    r = sandbox.run(py(code), open_files=4 * MAX_PTYS)  # fds enough for twice as many
+    assert r.status == "ok", r
+    assert r.stdout.split(None, 1)[0] == str(MAX_PTYS), r.stdout
 
 
 @pytest.mark.parametrize("path", ["native", "python"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandbox.errors import ProfileError
@@ -296,3 +298,14 @@ def test_a_huge_file_is_no_profile(tmp_path) -> None:
     f.write_bytes(b"# " + b"x" * (2 << 20) + b"\n")
     with pytest.raises(ProfileError, match="larger than 1 MiB"):
         load(str(f))
+
+
+def test_shipped_profiles_pass_no_credential_shaped_variables() -> None:
+    """The command is untrusted: a token in the caller's environment is not its to read."""
+    import re
+
+    looks_secret = re.compile(r"TOKEN|SECRET|PASSW|KEY|AUTH|CRED|_URL$|^AWS_|^GH_|^GITHUB_", re.I)
+    for f in sorted((Path(__file__).resolve().parents[1] / "profiles").glob("*.toml")):
+        prof = load(str(f))
+        bad = [n for n in prof.env_passthrough if looks_secret.search(n)]
+        assert not bad, f"{f.name} passes {bad} to the command"

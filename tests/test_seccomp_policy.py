@@ -41,13 +41,13 @@ _NR: dict[str, dict[str, int]] = {
         "ptrace": 101, "keyctl": 250, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
         "perf_event_open": 298, "clone": 56, "clone3": 435, "personality": 135, "ioctl": 16,
         "unshare": 272, "mount": 165, "socket": 41, "fsopen": 430, "fchmodat2": 452, "openat2": 437,
-        "open": 2, "creat": 85, "getpid": 39,
+        "open": 2, "creat": 85, "getpid": 39, "modify_ldt": 154, "io_setup": 206, "mmap": 9, "shmget": 29,
     },
     "aarch64": {
         "ptrace": 117, "keyctl": 219, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425,
         "perf_event_open": 241, "clone": 220, "clone3": 435, "personality": 92, "ioctl": 29,
         "unshare": 97, "mount": 40, "socket": 198, "fsopen": 430, "fchmodat2": 452, "openat2": 437,
-        "getpid": 172,
+        "getpid": 172, "io_setup": 0, "mmap": 222, "shmget": 194,
     },
 }
 NR = _NR[MACHINE]
@@ -149,6 +149,10 @@ def _personality(value: int) -> Op:
     return lambda: raw(NR["personality"], value)
 
 
+# struct posix_acl_xattr: version 2, then (tag, perm, id) for USER_OBJ, GROUP_OBJ, MASK, OTHER: all rwx
+ACL_ALL_RWX = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, 7, 0xFFFFFFFF) for tag in (1, 4, 16, 32))
+
+
 def _new_file(tmp: Path) -> Path:
     p = tmp / "f"
     p.write_bytes(b"#!/bin/sh\n")
@@ -163,6 +167,30 @@ def _int80_getpid() -> None:
     m.write(code)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
     ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+
+
+MAP_HUGETLB, SHM_HUGETLB = 0x40000, 0o4000
+HUGE = 2 << 20
+
+
+def _mmap_hugetlb() -> None:
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB
+    raw(NR["mmap"], 0, HUGE, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+
+
+def _shmget_hugetlb() -> None:
+    shmid = raw(NR["shmget"], 0, HUGE, 0o1000 | 0o600 | SHM_HUGETLB)  # IPC_PRIVATE, IPC_CREAT
+    raw(NR["shmget"] + 2 if MACHINE == "x86_64" else 195, shmid, 0, 0)  # shmctl(IPC_RMID): leave none
+
+
+def _io_setup() -> None:
+    ctx = ctypes.c_ulong(0)
+    raw(NR["io_setup"], 1, ctypes.addressof(ctx))  # the context goes with the child
+
+
+def _modify_ldt_read() -> None:
+    buf = ctypes.create_string_buffer(16)
+    raw(NR["modify_ldt"], 0, ctypes.addressof(buf), 16)
 
 
 # (id, factory(tmp) -> op, expected outcome under the filter, only on this machine or None)
@@ -211,6 +239,18 @@ DENY_CASES: list[tuple[str, OpFactory, str, str | None]] = [
     ("mknod_blockdev", lambda t: lambda: os.mknod(t / "blk", stat.S_IFBLK | 0o600, os.makedev(7, 0)),
      "EPERM", None),
     ("mknod_fifo_setuid", lambda t: lambda: os.mknod(t / "fifo", stat.S_IFIFO | 0o4600), "EPERM", None),
+    # pools the whole host shares: AIO contexts, huge pages
+    ("io_setup", lambda t: _io_setup, "ENOSYS", None),
+    ("mmap_hugetlb", lambda t: _mmap_hugetlb, "EPERM", None),
+    ("memfd_hugetlb", lambda t: lambda: os.close(os.memfd_create("h", os.MFD_HUGETLB)), "EPERM", None),
+    ("shmget_hugetlb", lambda t: _shmget_hugetlb, "EPERM", None),
+    ("modify_ldt", lambda t: _modify_ldt_read, "EPERM", "x86_64"),
+    # a default ACL on a host workdir outlives the run
+    ("setxattr_user", lambda t: lambda: os.setxattr(_new_file(t), "user.x", b"1"), "ENOTSUP", None),
+    ("fsetxattr_user", lambda t: lambda: os.setxattr(os.open(_new_file(t), os.O_RDONLY), "user.x", b"1"),
+     "ENOTSUP", None),
+    ("setxattr_default_acl", lambda t: lambda: os.setxattr(t, "system.posix_acl_default", ACL_ALL_RWX),
+     "ENOTSUP", None),
 ]
 
 
@@ -273,6 +313,9 @@ ALLOW_CASES: list[tuple[str, OpFactory]] = [
     ("chmod_sticky_dir", lambda t: lambda: os.chmod(t, 0o1777)),
     ("openat_creat_0644", lambda t: lambda: os.close(os.open(t / "n", os.O_CREAT | os.O_WRONLY, 0o644))),
     ("mkfifo", lambda t: lambda: os.mkfifo(t / "fifo", 0o600)),
+    ("mmap_anonymous", lambda t: lambda: mmap.mmap(-1, HUGE).close()),
+    ("memfd_plain", lambda t: lambda: os.close(os.memfd_create("m", 0))),
+    ("getxattr", lambda t: lambda: os.listxattr(_new_file(t))),
 ]
 
 

@@ -347,6 +347,7 @@ class V1Backend(Backend):
     def __init__(self, mounts: dict[str, str]) -> None:
         self.mounts = mounts  # controller -> mount point (cpu and cpuacct may share one)
         self.memsw: bool | None = None
+        self.tcpmem: bool | None = None
 
     def create(self, limits: CgroupLimits) -> RunCgroup:
         name = _name()
@@ -367,6 +368,14 @@ class V1Backend(Backend):
                     self.memsw = os.path.exists(mem.replace("memory.limit_in", "memory.memsw.limit_in"))
                 if self.memsw:
                     _write(mem.replace("memory.limit_in", "memory.memsw.limit_in"), str(limits.memory))
+                # v1 charges socket buffers to no limit until a tcp limit is set (v2 charges them
+                # to memory.max): without it, a run's unread loopback traffic holds host memory
+                # up to the global tcp_mem/udp_mem. The counter covers every protocol's buffers.
+                tcp = mem.replace("memory.limit_in", "memory.kmem.tcp.limit_in")
+                if self.tcpmem is None:
+                    self.tcpmem = os.path.exists(tcp)
+                if self.tcpmem:
+                    _write(tcp, str(limits.memory))
             pids = cg._file("pids.max")
             if limits.processes is not None:
                 if not pids:

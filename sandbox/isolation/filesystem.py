@@ -61,7 +61,13 @@ DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # cmdline and config.gz: the host's boot arguments and build say more than a run needs (and
 # a VM's kernel command line can name its control ports)
-PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline", "config.gz")
+# locks: every file lock on the host, with its owner's device and inode (the per-run uid
+# leases of concurrent runs among them)
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline", "config.gz",
+               "locks")
+# The run's own devpts instance holds at most this many terminals: the kernel's pool outside
+# the host's reserve (kernel.pty.max - kernel.pty.reserve) is shared by every container and run.
+MAX_PTYS = 64
 # The workdir cannot be idmapped here and belongs to root (who owns the host's files even
 # without capabilities) or to a per-run uid (which the next run to get it would share).
 NO_ROOT_FALLBACK = ("cannot idmap {} on this filesystem, and it belongs to root or to a per-run uid: the "
@@ -276,7 +282,7 @@ def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int]) 
     p.op("w", f"{root}/run/sandboxrun/group", 0o644, spec.group)
     dev = f"{root}/dev"
     p.mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
-    p.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    p.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}")
     p.sub("mount:workdir")
     target = root + spec.workdir
     p.op("D", target)  # "same": under the fresh /tmp, or in the root before it is sealed

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 POLICIES = ("default", "off")
 
 # Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
-POLICY_VERSION = 2
+POLICY_VERSION = 3
 
 # The newest syscall the table was reviewed against: file_setattr (469, Linux 6.17; x86_64 and
 # aarch64 share every number from 424 on). A syscall added after it gets ENOSYS, as from an older
@@ -33,6 +33,8 @@ _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 _EPERM = errno.EPERM
 _ENOSYS = errno.ENOSYS
+_EOPNOTSUPP = errno.EOPNOTSUPP
+_MAP_HUGETLB, _MFD_HUGETLB, _SHM_HUGETLB = 0x40000, 0x4, 0o4000
 
 # Condition on one syscall argument: (arg index, op, a, b).
 #   "EQ"/"GE"/"GT": arg <op> a (full 64-bit compare, b unused)
@@ -124,6 +126,7 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     ("io_uring_setup", _EPERM, (), _DENY_ALWAYS),
     ("io_uring_enter", _EPERM, (), _DENY_ALWAYS),
     ("io_uring_register", _EPERM, (), _DENY_ALWAYS),
+    ("modify_ldt", _EPERM, (), _DENY_ALWAYS),  # x86 segment descriptors: old, bug-prone (Docker denies it)
     ("open_by_handle_at", _EPERM, (), _DENY_ALWAYS),
     ("name_to_handle_at", _EPERM, (), _DENY_ALWAYS),
     ("fanotify_init", _EPERM, (), _DENY_ALWAYS),
@@ -164,6 +167,18 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     ("ustat", _EPERM, (), _DENY_ALWAYS),
     ("sysfs", _EPERM, (), _DENY_ALWAYS),
     ("_sysctl", _EPERM, (), _DENY_ALWAYS),
+    # Pools the whole host shares and no cgroup limit covers: one run could take them all.
+    # Native AIO contexts (fs.aio-max-nr): ENOSYS, as from a kernel without them, so libaio
+    # users fall back to threads. Huge pages (vm.nr_hugepages) are charged to no memory limit.
+    ("io_setup", _ENOSYS, (), "fs.aio-max-nr is host-wide; ENOSYS makes libaio users fall back"),
+    ("mmap", _EPERM, ((3, "MASKED_EQ", _MAP_HUGETLB, _MAP_HUGETLB),), "MAP_HUGETLB (host-wide huge page pool)"),
+    ("memfd_create", _EPERM, ((1, "MASKED_EQ", _MFD_HUGETLB, _MFD_HUGETLB),), "MFD_HUGETLB (host-wide huge pages)"),
+    ("shmget", _EPERM, ((2, "MASKED_EQ", _SHM_HUGETLB, _SHM_HUGETLB),), "SHM_HUGETLB (host-wide huge pages)"),
+    # Extended attributes: a default ACL set on a directory of a host workdir (--cwd) would
+    # open up the files its owner creates there after the run, whatever their umask.
+    # EOPNOTSUPP, as from a filesystem without them (shutil.copystat and cp -a carry on).
+    *((name, _EOPNOTSUPP, (), "setting xattrs (POSIX ACLs): a default ACL outlives the run")
+      for name in ("setxattr", "lsetxattr", "fsetxattr", "setxattrat")),
     # NUMA placement of (other processes') memory
     ("move_pages", _EPERM, (), _DENY_ALWAYS),
     ("mbind", _EPERM, (), _DENY_ALWAYS),
@@ -202,7 +217,8 @@ _UNIFIED_NR: dict[str, int] = {
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
     "openat2": 437, "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443,
-    "set_mempolicy_home_node": 450, "fchmodat2": 452, "lsm_set_self_attr": 460, "open_tree_attr": 467,
+    "set_mempolicy_home_node": 450, "fchmodat2": 452, "lsm_set_self_attr": 460, "setxattrat": 463,
+    "open_tree_attr": 467,
 }
 _UNIFIED_ARCHES = ("x86_64", "aarch64")
 
