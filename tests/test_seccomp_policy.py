@@ -57,7 +57,7 @@ CLONE_NS = {
     "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000,
 }
 AT_FDCWD = -100
-TIOCSTI, FIONREAD = 0x5412, 0x541B
+TIOCSTI, FIONREAD, TIOCSETD = 0x5412, 0x541B, 0x5423
 ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC = 0x0040000, 0x0400000
 X32_SYSCALL_BIT = 0x40000000
 AF_VSOCK = 40
@@ -136,6 +136,12 @@ def _sock(family: int, kind: int = socket.SOCK_STREAM, proto: int = 0) -> Op:
     return lambda: socket.socket(family, kind, proto).close()
 
 
+def _set_line_discipline() -> None:
+    master, slave = os.openpty()
+    n_tty = ctypes.c_int(0)
+    raw(NR["ioctl"], slave, TIOCSETD, ctypes.addressof(n_tty))
+
+
 def _ioctl_devnull(cmd: int) -> Op:
     def op() -> None:
         fd = os.open("/dev/null", os.O_RDONLY)
@@ -211,6 +217,11 @@ DENY_CASES: list[tuple[str, OpFactory, str, str | None]] = [
      "EPERM", None),
     ("ioctl_tiocsti", lambda t: _ioctl_devnull(TIOCSTI), "EPERM", None),
     ("ioctl_tiocsti_upper_bits", lambda t: _ioctl_devnull(TIOCSTI | (1 << 32)), "EPERM", None),
+    ("ioctl_tiocsetd", lambda t: _set_line_discipline, "EPERM", None),
+    # a protocol whose module the kernel would load on demand (SCTP; DCCP, L2TP alike)
+    ("socket_sctp", lambda t: _sock(socket.AF_INET, socket.SOCK_STREAM, 132), "EPERM", None),
+    ("socket_tcp_upper_bits", lambda t: lambda: os.close(raw(NR["socket"], 2, 1, (1 << 32) | 6)), "EPERM",
+     None),
     ("personality_addr_no_randomize", lambda t: _personality(ADDR_NO_RANDOMIZE), "EPERM", None),
     ("personality_read_implies_exec", lambda t: _personality(READ_IMPLIES_EXEC), "EPERM", None),
     ("personality_upper_bits", lambda t: _personality((1 << 32) | READ_IMPLIES_EXEC), "EPERM", None),
@@ -304,6 +315,8 @@ ALLOW_CASES: list[tuple[str, OpFactory]] = [
     ("socket_inet", lambda t: _sock(socket.AF_INET)),
     ("socket_inet6", lambda t: _inet6),
     ("socket_unix", lambda t: _sock(socket.AF_UNIX)),
+    ("socket_tcp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)),
+    ("socket_udp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)),
     ("socketpair_unix", lambda t: lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX)]),
     ("ioctl_fionread", lambda t: _fionread_pipe),
     ("personality_query", lambda t: _personality(0xFFFFFFFF)),

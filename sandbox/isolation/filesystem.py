@@ -58,7 +58,8 @@ _LOCKED_FLAGS = (
 )
 NEW_ROOT = "/tmp"  # any existing directory: the tmpfs over it is private to our mount namespace
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
-PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+# pressure: readable, but a trigger written there is a kernel poller the run would leave running
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "pressure")
 # cmdline and config.gz: the host's boot arguments and build say more than a run needs (and
 # a VM's kernel command line can name its control ports)
 # locks: every file lock on the host, with its owner's device and inode (the per-run uid

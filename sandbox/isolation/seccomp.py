@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 POLICIES = ("default", "off")
 
 # Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
-POLICY_VERSION = 3
+POLICY_VERSION = 4
 
 # The newest syscall the table was reviewed against: file_setattr (469, Linux 6.17; x86_64 and
 # aarch64 share every number from 424 on). A syscall added after it gets ENOSYS, as from an older
@@ -57,7 +57,7 @@ _CLONE_NS_FLAGS: dict[str, int] = {
     "CLONE_NEWTIME": 0x00000080,
 }
 _LOW32 = 0xFFFFFFFF
-_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+_TIOCSTI, _TIOCLINUX, _TIOCSETD = 0x5412, 0x541C, 0x5423
 _S_IFMT, _S_IFCHR, _S_IFBLK = 0o170000, 0o020000, 0o060000
 _S_ISUID, _S_ISGID, _S_IXGRP = 0o4000, 0o2000, 0o0010
 # PER_LINUX, UNAME26, PER_LINUX32, PER_LINUX32|UNAME26 (as Docker), and 0xffffffff = query.
@@ -67,8 +67,14 @@ _CLONE_NS: tuple[Cond, ...] = tuple((0, "MASKED_EQ", f, f) for f in _CLONE_NS_FL
 # Everything but AF_UNIX(1), AF_INET(2), AF_INET6(10). GE 11 also catches values with upper bits set,
 # which the kernel would truncate to an allowed int.
 _AF_DENIED: tuple[Cond, ...] = (*((0, "EQ", f, 0) for f in (0, 3, 4, 5, 6, 7, 8, 9)), (0, "GE", 11, 0))
-# cmd is an unsigned int in the kernel: compare the low 32 bits only (CVE-2019-10063).
-_TTY_INJECT: tuple[Cond, ...] = ((1, "MASKED_EQ", _LOW32, _TIOCSTI), (1, "MASKED_EQ", _LOW32, _TIOCLINUX))
+# Protocols: the default (0), ICMP (1, also PF_UNIX's own number), TCP (6), UDP (17), ICMPv6 (58).
+# Any other (SCTP, DCCP, L2TP, ...) makes the kernel load that protocol's module on demand, and
+# those rarely used modules are where socket exploits have come from.
+_PROTO_ALLOWED = (0, 1, 6, 17, 58)
+_SOCKET_DENIED: tuple[Cond, ...] = (*_AF_DENIED, (2, "NOT_IN", _PROTO_ALLOWED, 0))
+# cmd is an unsigned int in the kernel: compare the low 32 bits only (CVE-2019-10063). TIOCSETD
+# sets a line discipline, loading its module on demand (n_hdlc: CVE-2017-2636).
+_TTY_DENIED: tuple[Cond, ...] = tuple((1, "MASKED_EQ", _LOW32, cmd) for cmd in (_TIOCSTI, _TIOCLINUX, _TIOCSETD))
 
 
 def _devnode_or_setid(i: int) -> tuple[Cond, ...]:
@@ -186,10 +192,12 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     ("set_mempolicy_home_node", _EPERM, (), _DENY_ALWAYS),
     ("migrate_pages", _EPERM, (), _DENY_ALWAYS),
     # sockets: AF_UNIX, AF_INET, AF_INET6 only
-    ("socket", _EPERM, _AF_DENIED, "address family not in {AF_UNIX, AF_INET, AF_INET6}"),
-    ("socketpair", _EPERM, _AF_DENIED, "address family not in {AF_UNIX, AF_INET, AF_INET6}"),
-    # terminal input injection
-    ("ioctl", _EPERM, _TTY_INJECT, "TIOCSTI / TIOCLINUX"),
+    ("socket", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
+     "{0, ICMP, TCP, UDP, ICMPv6}"),
+    ("socketpair", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
+     "{0, ICMP, TCP, UDP, ICMPv6}"),
+    # terminal input injection, line disciplines
+    ("ioctl", _EPERM, _TTY_DENIED, "TIOCSTI / TIOCLINUX / TIOCSETD"),
     ("personality", _EPERM, ((0, "NOT_IN", _PERSONALITY_ALLOWED, 0),), "e.g. READ_IMPLIES_EXEC"),
     # device nodes and setuid/setgid files
     ("mknod", _EPERM, _devnode_or_setid(1), "char/block device or S_ISUID/S_ISGID"),
