@@ -352,3 +352,24 @@ def test_dev_is_sealed(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     mounts = dict(line.split() for line in r.stdout.splitlines()[2:])
     assert {"/dev", "/dev/null", "/dev/zero"} <= set(mounts), mounts
     assert all(opts.split(",")[0] == "ro" for opts in mounts.values()), mounts
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_files_move_and_link_across_directories_of_the_run(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Every Landlock layer refuses REFER unless it grants it: the command's scoped layer must,
+    or each rename into another directory (an sdist build, an atomic replace) fails EXDEV."""
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    code = ("import os\nfor d in ('/work', '/tmp'):\n    os.makedirs(f'{d}/x/y')\n"
+            "    open(f'{d}/x/y/f', 'w').close()\n    os.rename(f'{d}/x/y/f', f'{d}/x/f')\n"
+            "    os.link(f'{d}/x/f', f'{d}/x/y/g')\n    os.rename(f'{d}/x/y', f'{d}/z')\n"
+            "try:\n    os.rename('/work/x/f', '/usr/f')\nexcept OSError as e:\n    print(e.errno != 0)\n")
+    r = sandbox.run(py(code))
+    assert (r.status, r.stdout) == ("ok", "True\n"), r
+
+
+def test_service_and_protocol_names_resolve() -> None:
+    """getaddrinfo(host, "http") and getservbyname read /etc/services: static, not secret."""
+    if not os.path.exists("/etc/services"):
+        pytest.skip("the host has no /etc/services")
+    r = sandbox.run(py("import socket; print(socket.getservbyname('http', 'tcp'), socket.getprotobyname('tcp'))"))
+    assert (r.status, r.stdout) == ("ok", "80 6\n"), r

@@ -141,16 +141,31 @@ def scope(abi: int) -> bool:
     Needs no_new_privs (or CAP_SYS_ADMIN)."""
     if abi < 6:
         return False
-    fn, c, _ = _syscall()
+    fn, c, path_beneath_attr = _syscall()
 
     class _ScopedAttr(c.Structure):  # struct landlock_ruleset_attr, ABI 6
         _fields_ = [("handled_access_fs", c.c_uint64), ("handled_access_net", c.c_uint64),
                     ("scoped", c.c_uint64)]
 
-    attr = _ScopedAttr(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+    # Every layer denies REFER (rename and link across directories) unless it handles and
+    # grants it: this one grants it everywhere, leaving that to the layer above.
+    attr = _ScopedAttr(FS_REFER, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
     rs = fn(c.c_long(_SYS_CREATE_RULESET), c.byref(attr), c.c_size_t(c.sizeof(attr)), c.c_uint32(0))
     if rs < 0:
         raise _fail("landlock_create_ruleset (scoped)")
+    try:
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        try:
+            beneath = path_beneath_attr()
+            beneath.allowed_access, beneath.parent_fd = FS_REFER, root
+            if fn(c.c_long(_SYS_ADD_RULE), c.c_long(rs), c.c_long(_RULE_PATH_BENEATH), c.byref(beneath),
+                  c.c_uint32(0)) < 0:
+                raise _fail("landlock_add_rule (scoped)", "/")
+        finally:
+            os.close(root)
+    except BaseException:
+        os.close(rs)
+        raise
     enforce(rs)
     return True
 

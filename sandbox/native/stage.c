@@ -64,6 +64,7 @@
 #define SYS_CLOSE_RANGE 436
 #define SYS_LANDLOCK_CREATE_RULESET 444
 #define SYS_LANDLOCK_ADD_RULE 445
+#define LL_FS_REFER (1ULL << 13)
 #define SYS_LANDLOCK_RESTRICT_SELF 446
 #define SYS_MOUNT_SETATTR 442
 #define OPEN_TREE_CLONE 1
@@ -699,13 +700,19 @@ static void exec_command(struct op *op) {
             /* A domain of the command's own, scoped: it may signal (and reach abstract sockets
                of) its own processes only, not ours nor, without a pid namespace, every other
                process of its uid on the host; we, in the domain above, still signal it. */
-            struct { uint64_t fs, net, scoped; } attr = {0, 0, LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL};
+            /* Every layer denies REFER (rename and link across directories) unless it handles
+               and grants it: this one grants it everywhere, leaving that to the layer above. */
+            struct { uint64_t fs, net, scoped; } attr = {LL_FS_REFER, 0, LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL};
             int rs = (int)syscall(SYS_LANDLOCK_CREATE_RULESET, &attr, sizeof attr, 0);
-            if (rs < 0 || syscall(SYS_LANDLOCK_RESTRICT_SELF, rs, 0) < 0) {
+            int root = rs < 0 ? -1 : open("/", O_PATH | O_CLOEXEC);
+            struct path_beneath everywhere = {LL_FS_REFER, root};
+            if (root < 0 || syscall(SYS_LANDLOCK_ADD_RULE, rs, 1, &everywhere, 0) < 0
+                || syscall(SYS_LANDLOCK_RESTRICT_SELF, rs, 0) < 0) {
                 exec_errno = errno ? errno : EPERM;
                 exec_scope_failed = 1;
                 _exit(127);
             }
+            close(root);
             close(rs);
         }
         sigset_t none;
