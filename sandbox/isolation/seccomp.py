@@ -191,7 +191,7 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     ("set_mempolicy", _EPERM, (), _DENY_ALWAYS),
     ("set_mempolicy_home_node", _EPERM, (), _DENY_ALWAYS),
     ("migrate_pages", _EPERM, (), _DENY_ALWAYS),
-    # sockets: AF_UNIX, AF_INET, AF_INET6 only
+    # sockets: AF_UNIX, AF_INET, AF_INET6, with their built-in protocols only
     ("socket", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
      "{0, ICMP, TCP, UDP, ICMPv6}"),
     ("socketpair", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "

@@ -64,7 +64,6 @@
 #define SYS_CLOSE_RANGE 436
 #define SYS_LANDLOCK_CREATE_RULESET 444
 #define SYS_LANDLOCK_ADD_RULE 445
-#define LL_FS_REFER (1ULL << 13)
 #define SYS_LANDLOCK_RESTRICT_SELF 446
 #define SYS_MOUNT_SETATTR 442
 #define OPEN_TREE_CLONE 1
@@ -489,6 +488,7 @@ static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUS
 #define PARENT_GONE 64
 #define LL_SCOPE_ABSTRACT_UNIX_SOCKET 1
 #define LL_SCOPE_SIGNAL 2
+#define LL_FS_REFER (1ULL << 13)  /* rename and link across directories */
 
 static volatile int exec_scope_failed;
 
