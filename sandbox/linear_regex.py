@@ -15,7 +15,10 @@ Imported only when a profile has such patterns (~8 ms, once).
 from __future__ import annotations
 
 import functools
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
+if TYPE_CHECKING:
+    from typing import Any
 
 UNSUPPORTED = ("not something a linear-time matcher can run (RE2 has no lookarounds, backreferences, "
                "possessive or atomic groups, \\Z: use \\z)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
 
 from . import record as records
 from .errors import ProfileError
@@ -22,7 +21,8 @@ TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are stri
 if TYPE_CHECKING:
     from typing import Any
 
-BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
+# Paths are plain strings (os.path): pathlib costs the CLI ~4 ms to import.
+BUILTIN_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "profiles")
 NAMESPACES = ("pid", "mount", "net", "ipc", "uts", "cgroup")
 NETWORK_MODES = ("none", "host")
 REQUIREMENT = ("required", "optional", "off")
@@ -121,15 +121,25 @@ class Profile:
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+    return sorted(n.removesuffix(".toml") for n in os.listdir(BUILTIN_DIR) if n.endswith(".toml"))
 
 
-def _search_dirs() -> list[Path]:
-    extra = [Path(p) for p in os.environ.get("SANDBOXRUN_PROFILE_PATH", "").split(":") if p]
+def _normal(p: str) -> str:
+    """`p` as pathlib writes it: no empty or "." components, no trailing slash ("..", kept)."""
+    parts = [c for c in p.split("/") if c and c != "."]
+    return ("/" if p.startswith("/") else "") + "/".join(parts) or ("/" if p.startswith("/") else ".")
+
+
+def _stem(p: str) -> str:
+    return os.path.splitext(os.path.basename(p))[0]
+
+
+def _search_dirs() -> list[str]:
+    extra = [_normal(p) for p in os.environ.get("SANDBOXRUN_PROFILE_PATH", "").split(":") if p]
     return [*extra, BUILTIN_DIR]
 
 
-def _not_a_file(p: Path) -> str | None:
+def _not_a_file(p: str) -> str | None:
     """None if `p` is a regular file, else why not. Never raises: a name too long, a search
     dir we may not enter or a name that is no valid file name is a reason, not a crash."""
     try:
@@ -143,14 +153,14 @@ def _not_a_file(p: Path) -> str | None:
     return "is a directory, not a profile file" if stat.S_ISDIR(st.st_mode) else "not a regular file"
 
 
-def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
+def resolve_path(ref: str, relative_to: str | None = None) -> str:
     """A profile name ("strict") or a path ("./my.toml") to a file path."""
     if "\0" in ref:
         raise ProfileError("profile name contains a NUL byte", key="profile", value=ref)
     if "/" in ref or ref.endswith(".toml"):
-        p = Path(ref)
-        if not p.is_absolute() and relative_to is not None:
-            p = relative_to / p
+        p = _normal(ref)
+        if not p.startswith("/") and relative_to is not None:
+            p = _normal(os.path.join(relative_to, p))
         why = _not_a_file(p)
         if why:
             raise ProfileError(why, key="profile", value=ref)
@@ -160,7 +170,7 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
                            key="profile", value=ref[:40] + "...")
     skipped = []
     for d in _search_dirs():
-        p = d / f"{ref}.toml"
+        p = os.path.join(d, f"{ref}.toml")
         why = _not_a_file(p)
         if why is None:
             return p
@@ -173,7 +183,7 @@ def resolve_path(ref: str, relative_to: Path | None = None) -> Path:
 MAX_PROFILE_BYTES = 1 << 20
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: str) -> dict[str, Any]:
     cached = _parsed_cache(path)
     if cached is not None:
         return cached
@@ -198,7 +208,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"cannot read: {e.strerror}", source=str(path)) from None
 
 
-def _cache_entry(path: Path) -> tuple[str, tuple[int, int, int]] | None:
+def _cache_entry(path: str) -> tuple[str, tuple[int, int, int]] | None:
     """(cache file name, file stamp) for a profile in a search dir, else None.
 
     Only named profiles (the built-in dir and SANDBOXRUN_PROFILE_PATH) are cached, one file per
@@ -216,7 +226,7 @@ def _cache_entry(path: Path) -> tuple[str, tuple[int, int, int]] | None:
     return f"profile-{_sha256_hex(real.encode())[:24]}.marshal", (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _parsed_cache(path: Path) -> dict[str, Any] | None:
+def _parsed_cache(path: str) -> dict[str, Any] | None:
     """The parsed TOML from the disk cache (the seccomp cache's trusted directory), or None.
     A profile decides what a run may do: only a file we own, not group/world-writable, whose
     stamp matches the profile file's, counts."""
@@ -251,7 +261,7 @@ def _parsed_cache(path: Path) -> dict[str, Any] | None:
     return None  # stale (the profile was edited) or not ours: parse, then overwrite
 
 
-def _store_parsed(path: Path, raw: dict[str, Any]) -> None:
+def _store_parsed(path: str, raw: dict[str, Any]) -> None:
     import marshal
 
     from .isolation import seccomp
@@ -300,10 +310,10 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _load_raw(path: Path, seen: tuple[Path, ...] = (), raw: dict[str, Any] | None = None) -> dict[str, Any]:
-    path = path.resolve()
+def _load_raw(path: str, seen: tuple[str, ...] = (), raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    path = os.path.realpath(path)
     if path in seen:
-        chain = " -> ".join(p.name for p in (*seen, path))
+        chain = " -> ".join(os.path.basename(p) for p in (*seen, path))
         raise ProfileError(f"'extends' forms a cycle: {chain}", source=str(path), key="extends")
     raw = _read_toml(path) if raw is None else raw
     parent_ref = raw.get("extends")
@@ -312,7 +322,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = (), raw: dict[str, Any] | Non
     if not isinstance(parent_ref, str) or not parent_ref:
         raise ProfileError("must be a profile name or path", source=str(path), key="extends", value=parent_ref)
     try:
-        parent_path = resolve_path(parent_ref, relative_to=path.parent)
+        parent_path = resolve_path(parent_ref, relative_to=os.path.dirname(path))
     except ProfileError as e:
         raise ProfileError(str(e).split(": ", 1)[-1], source=str(path), key="extends", value=parent_ref) from None
     parent = _load_raw(parent_path, (*seen, path))
@@ -333,9 +343,9 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
     hit = _cache.get(str(path))
     if hit is not None and all(_mtime(p) == m for p, m in hit[0]):
         return hit[1]
-    own = _read_toml(path.resolve())
+    own = _read_toml(os.path.realpath(path))
     raw = _load_raw(path, raw=own)
-    prof = from_dict(raw, source=str(path), default_name=path.stem, own=own.get("filesystem", {}))
+    prof = from_dict(raw, source=str(path), default_name=_stem(path), own=own.get("filesystem", {}))
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof
 
@@ -347,17 +357,17 @@ def _mtime(path: str) -> int:
         return -1
 
 
-def _chain(path: Path) -> list[str]:
+def _chain(path: str) -> list[str]:
     """Files a profile was built from (itself and its `extends` ancestors)."""
     out = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     while path not in seen:
         seen.add(path)
         out.append(str(path))
         parent = _read_toml(path).get("extends")
         if not isinstance(parent, str):
             break
-        path = resolve_path(parent, relative_to=path.parent).resolve()
+        path = os.path.realpath(resolve_path(parent, relative_to=os.path.dirname(path)))
     return out
 
 

@@ -360,7 +360,7 @@ def test_bench_smoke(isolated, tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     cases = {c["name"]: c for c in doc["cases"]}
     for name in ("bare_true", "sandbox_true", "bare_py", "sandbox_py", "cli_true", "cli_bare_py",
-                 "tput_bare", "tput_run_many", "tput_cli_batch", "tput_cli_each", "cpu_bare", "cpu_run_many", "rss_spread",
+                 "cli_sys_py", "tput_bare", "tput_run_many", "tput_cli_batch", "tput_cli_each", "cpu_bare", "cpu_run_many", "rss_spread",
                  "drain_rate"):
         assert cases[name]["value"] is not None and cases[name]["error"] is None, cases[name]
     assert len(cases["sandbox_true"]["samples"]) == 2
@@ -368,3 +368,6 @@ def test_bench_smoke(isolated, tmp_path: Path) -> None:
     assert {g["goal"] for g in doc["goals"]} >= {"throughput >= 0.75x bare", "drain >= 1 GiB/s"}
     assert all(g["ratio"] is not None for g in doc["goals"] if g["reference"] in cases or g["reference"] is None)
     assert "goal" in p.stdout and "ratio" in p.stdout  # the table
+    # The CLI's baseline (this interpreter's own start) is not inflated by an editable-install
+    # import hook: scripts/setup.sh installs in "compat" mode (a path in a .pth file).
+    assert doc["meta"]["cli_baseline_finders"] == [], "rerun ./scripts/setup.sh"

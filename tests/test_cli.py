@@ -132,3 +132,23 @@ def test_reader_gone_is_quiet_and_keeps_the_exit_code(args, stdin, code) -> None
     finally:
         os.close(w_fd)
     assert (p.returncode, p.stderr) == (code, b""), p.stderr
+
+
+# Modules that a plain `sandboxrun -- CMD` must not import: each costs 1-5 ms of every CLI call
+# (pathlib, typing, contextlib, socket, locale via argparse's gettext, logging via concurrent.futures).
+# Checked by what is imported, not by timing it (timings are scripts/bench.py's job).
+HEAVY_FOR_THE_CLI = {"pathlib", "typing", "contextlib", "socket", "locale", "logging", "concurrent.futures",
+                     "subprocess", "tomllib", "json", "tempfile", "shutil", "dataclasses", "inspect", "asyncio"}
+
+
+def test_the_run_path_imports_nothing_heavy() -> None:
+    code = ("import sys\nfrom sandbox.cli import main\n"
+            "sys.argv = ['sandboxrun', '--profile', 'strict', '--', '/bin/true']\ncode = main()\n"
+            "print(code, ' '.join(sorted(sys.modules)))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    code_text, _, modules = p.stdout.strip().partition(" ")
+    assert code_text == "0", p.stdout + p.stderr
+    loaded = set(modules.split())
+    assert "sandbox.supervisor" in loaded  # it did run
+    assert not loaded & HEAVY_FOR_THE_CLI, loaded & HEAVY_FOR_THE_CLI

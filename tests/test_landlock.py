@@ -265,18 +265,11 @@ def test_invalid_abi_argument() -> None:
     assert in_child(body) == {"raised": "ValueError"}
 
 
-def test_import_is_cheap_and_defers_ctypes(tmp_path: Path) -> None:
-    code = (
-        "import sys, time; import sandbox.isolation; had = 'ctypes' in sys.modules; "
-        "t = time.perf_counter(); import sandbox.isolation.landlock; dt = time.perf_counter() - t; "
-        "print(dt, had or 'ctypes' not in sys.modules)"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)  # measure a warm .pyc without writing into the tree
-    runs = [
-        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-        for _ in range(4)
-    ]
-    best = min(float(r.split()[0]) for r in runs[1:])  # the first run compiles the .pyc
-    assert all(r.split()[1] == "True" for r in runs)
-    assert best < 0.002, runs
+def test_import_is_cheap_and_defers_ctypes() -> None:
+    """What importing the module pulls in, not how long it takes (timings are the benchmark's
+    job): none of the costly modules (ctypes ~3 ms, typing ~5 ms, re, enum) until first use."""
+    code = ("import sys; import sandbox.isolation; before = set(sys.modules); "
+            "import sandbox.isolation.landlock; print(' '.join(sorted(set(sys.modules) - before)))")
+    new = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "sandbox.isolation.landlock" in new
+    assert not new & {"ctypes", "_ctypes", "typing", "re", "enum", "pathlib", "socket", "subprocess"}, new

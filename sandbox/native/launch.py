@@ -8,16 +8,18 @@ returns to its own namespace at once.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import threading
 
 from ..forker import ChildFds, ForkError, Launched, open_template
-from ..isolation.network import ReadyNamespaces
 from ..isolation.syscalls import CLONE_NEWPID, setns, unshare
 from ..plan import RunPlan
 from . import ops, stage_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..isolation.network import ReadyNamespaces
 
 _F_DUPFD_CLOEXEC = 1030
 
@@ -39,7 +41,7 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
             actions.append((os.POSIX_SPAWN_DUP2, high, target))
         pid = -1
         try:
-            with _new_pid_namespace() if pid1 else contextlib.nullcontext():
+            with _new_pid_namespace() if pid1 else _no_namespace:
                 try:
                     pid = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
                 except OSError as e:
@@ -53,6 +55,19 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
     finally:
         for fd in (memfd, *temps):
             os.close(fd)
+
+
+class _NoNamespace:
+    """contextlib.nullcontext, without contextlib's import on the CLI's path."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_no_namespace = _NoNamespace()
 
 
 class _new_pid_namespace:
@@ -107,7 +122,11 @@ class NativeForker:
         self._failed: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
         # Network namespaces made ahead (long-lived callers only, like the templates).
-        self.netns: ReadyNamespaces | None = ReadyNamespaces() if templates else None
+        self.netns: ReadyNamespaces | None = None
+        if templates:
+            from ..isolation.network import ReadyNamespaces  # socket: ~2 ms the one-shot CLI does without
+
+            self.netns = ReadyNamespaces()
 
     def _template_for(self, plan: RunPlan) -> int:
         if self.templates is None or plan.view is None or os.environ.get("SANDBOXRUN_NO_TEMPLATE") == "1":
