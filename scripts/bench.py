@@ -414,7 +414,7 @@ def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install -e '.[dev]'): no chart"
+        return "matplotlib is not installed (.venv/bin/pip install matplotlib, or the [bench] extra): no chart"
     v = {k: (c.value if c.value is not None and not c.error else 0.0) for k, c in cases.items()}
     colors = {"bare": "#8c8c8c", "bwrap": "#d9822b", "sandboxrun": "#2b6cb0", "batch CLI": "#5a9bd5",
               "CLI each": "#a3c4e8"}
