@@ -350,9 +350,9 @@ def _clock(seconds: float) -> str:
 def main(argv: list[str]) -> int:
     """`sandboxrun batch FILE.jsonl|-`: exit 0 when every line ran (whatever the commands
     did: see each line's status), 1 when some line could not be run, 2 on bad usage."""
-    from .cli import _Parser
+    from .cliargs import Parser
 
-    p = _Parser(prog="sandboxrun batch", description="Run one sandboxed request per JSONL line; "
+    p = Parser(prog="sandboxrun batch", description="Run one sandboxed request per JSONL line; "
                 "print one Result per line (with \"id\"), in input order unless --unordered.")
     p.add_argument("file", help="JSONL file, one request per line, or - for stdin")
     p.add_argument("--unordered", action="store_true", help="print each result as soon as it is done")

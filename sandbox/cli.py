@@ -8,24 +8,18 @@ ends cleanly with 0). Errors are one line, never a traceback (`--debug` shows on
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
-import signal
 import sys
-from collections.abc import Callable, Sequence
 
-from .errors import EXIT_SANDBOX, EXIT_USAGE, InputError, SandboxError
+from . import signals
+from .errors import EXIT_SANDBOX, InputError, SandboxError
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
-
-# argparse has gettext translate each of its strings, and gettext searches the disk for a
-# catalogue on every call (importing locale first): ~3 ms of every CLI call. No catalogue
-# for argparse ships with Python, and our own messages are English too.
-argparse._ = str  # type: ignore[attr-defined]
-argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural  # type: ignore[attr-defined]
+    import argparse
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -35,24 +29,6 @@ SUBCOMMANDS = ("run", "check", "profiles", "doctor", "start", "list", "poll", "l
 
 _SESSION_COMMANDS = ("start", "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "wait",
                      "clear", "remove")
-
-
-class _Formatter(argparse.HelpFormatter):
-    def __init__(self, prog: str) -> None:
-        # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.
-        cols = os.environ.get("COLUMNS", "")
-        super().__init__(prog, width=int(cols) if cols.isdigit() else 100)
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        kw.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kw)
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        print(f"sandboxrun: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
 
 
 def _env_pairs(values: Sequence[str] | None) -> dict[str, str]:
@@ -65,31 +41,69 @@ def _env_pairs(values: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", "-p", default="strict", help="built-in profile name or a TOML file (default: strict)")
-    p.add_argument("--timeout", "-t", help="wall timeout, e.g. 30, 30s, 2m (0 = none, if the profile allows)")
-    p.add_argument("--memory", help="memory limit, e.g. 256MiB")
-    p.add_argument("--cwd", help="workdir to mount read-write (default: a fresh, size-capped, empty tmpfs)")
-    p.add_argument("--env", "-e", action="append", metavar="K=V", help="set a variable inside (repeatable)")
-    p.add_argument("--ro-bind", action="append", metavar="SRC[:DST]", help="bind a host path read-only")
-    p.add_argument("--bind", action="append", metavar="SRC[:DST]", help="bind a host path read-write")
-    p.add_argument("--network", choices=("none", "loopback", "host"), help="network mode")
-    p.add_argument("--stdin-file", metavar="FILE", help="feed this file to the command's stdin")
-    p.add_argument("--shell", action="store_true", help="run CMD with /bin/sh -c inside the sandbox")
-    p.add_argument("--json", action="store_true", help="print the Result as JSON instead of streaming output")
-    p.add_argument("--trace", action="store_true", help="record the cost of each child setup step")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
+class RunArgs:
+    """What argparse's run parser (cliargs.add_run_options) gives, for the plain form."""
+
+    def __init__(self) -> None:
+        self.profile = "strict"
+        self.timeout: str | None = None
+        self.memory: str | None = None
+        self.cwd: str | None = None
+        self.stdin_file: str | None = None
+        self.network: str | None = None
+        self.env: list[str] | None = None
+        self.ro_bind: list[str] | None = None
+        self.bind: list[str] | None = None
+        self.shell = self.json = self.trace = self.debug = False
+        self.yield_ms: int | None = None
+        self.command: list[str] = []
 
 
-def command_of(p: argparse.ArgumentParser, ns: argparse.Namespace, usage: str) -> list[str]:
-    """The CMD ARGS after `--` (argparse.REMAINDER keeps the `--`); a usage error if none."""
-    cmd = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not cmd:
-        p.error(f"no command given (usage: {usage})")
-    return list(cmd)
+_VALUE_OPTIONS = {"--profile": "profile", "-p": "profile", "--timeout": "timeout", "-t": "timeout",
+                  "--memory": "memory", "--cwd": "cwd", "--stdin-file": "stdin_file", "--network": "network"}
+_LIST_OPTIONS = {"--env": "env", "-e": "env", "--ro-bind": "ro_bind", "--bind": "bind"}
+_FLAGS = {"--shell": "shell", "--json": "json", "--trace": "trace", "--debug": "debug"}
+_NETWORKS = ("none", "loopback", "host")
 
 
-def run_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+def parse_plain_run(argv: Sequence[str]) -> RunArgs | None:
+    """The run options in their plain forms (`--name VALUE`, `--name=VALUE`, `-p VALUE`), then
+    `--` and the command: what argparse would make of them, without its ~5 ms of imports and
+    set-up. None for anything else (an abbreviation, a value that starts with "-", help, a
+    mistake, no `--`): argparse parses that, and words its errors."""
+    ns = RunArgs()
+    i, end = 0, len(argv)
+    while i < end:
+        arg = argv[i]
+        if arg == "--":
+            ns.command = list(argv[i + 1:])
+            return ns if ns.command else None
+        flag = _FLAGS.get(arg)
+        if flag is not None:
+            setattr(ns, flag, True)
+            i += 1
+            continue
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        dest = _VALUE_OPTIONS.get(name) or _LIST_OPTIONS.get(name)
+        if dest is None:
+            return None
+        if not eq:
+            if i + 1 >= end or argv[i + 1].startswith("-"):
+                return None
+            value = argv[i + 1]
+        i += 1 if eq else 2
+        if dest == "network" and value not in _NETWORKS:
+            return None
+        if name in _LIST_OPTIONS:
+            values = getattr(ns, dest) or []
+            values.append(value)
+            setattr(ns, dest, values)
+        else:
+            setattr(ns, dest, value)
+    return None
+
+
+def run_kwargs(ns: argparse.Namespace | RunArgs) -> dict[str, Any]:
     kw: dict[str, Any] = {"profile": ns.profile}
     if ns.timeout is not None:
         kw["timeout"] = ns.timeout
@@ -120,21 +134,10 @@ def exit_code_for(result: Any) -> int:
     if result.exit_code >= 0:
         return int(result.exit_code)
     if result.signal:
-        number = signal_number(result.signal)
+        number = signals.number(result.signal)
         if number:
             return 128 + number
     return EXIT_SANDBOX if st in ("memory_limit", "cpu_limit") else 1
-
-
-def signal_number(name: str) -> int | None:
-    """The number of a Result's signal name: Python's names, and the "SIG<N>" it gives the
-    rest (32, 33, 35-63: no name in the signal module)."""
-    try:
-        return int(signal.Signals[name])
-    except KeyError:
-        pass
-    digits = name[3:] if name.startswith("SIG") else ""
-    return int(digits) if digits.isdigit() else None
 
 
 def explain(result: Any) -> str | None:
@@ -197,14 +200,30 @@ def _quiet_stdout() -> None:
                                   line_buffering=out.line_buffering, write_through=out.write_through)
 
 
-def cmd_run(argv: list[str]) -> int:
-    p = _Parser(prog="sandboxrun", description="Run CMD in a sandbox.",
-                usage="sandboxrun [run] [OPTIONS] -- CMD [ARGS...]")
+def _parse_run(argv: list[str]) -> tuple[argparse.Namespace | RunArgs, list[str]]:
+    plain = parse_plain_run(argv)
+    if plain is not None:
+        return plain, plain.command
+    return parse_run_with_argparse(argv)
+
+
+def parse_run_with_argparse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The run options, any form argparse takes; a usage error (exit 2) for the rest."""
+    import argparse
+
+    from .cliargs import Parser, add_run_options, command_of
+
+    p = Parser(prog="sandboxrun", description="Run CMD in a sandbox.",
+               usage="sandboxrun [run] [OPTIONS] -- CMD [ARGS...]")
     add_run_options(p)
     p.add_argument("--yield-ms", type=int, help="become a background session after this many ms")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
-    cmd = command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")
+    return ns, command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")
+
+
+def cmd_run(argv: list[str]) -> int:
+    ns, cmd = _parse_run(argv)
     kw = run_kwargs(ns)
     if ns.yield_ms is not None and ns.yield_ms < 0:
         raise InputError(f"--yield-ms: expected milliseconds >= 0, got {ns.yield_ms:g}")
@@ -238,19 +257,22 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_check(argv: list[str]) -> int:
-    p = _Parser(prog="sandboxrun check", description="Say whether the first-line filter lets CMD through.")
+    import argparse
+
+    from .cliargs import Parser, command_of
+
+    p = Parser(prog="sandboxrun check", description="Say whether the first-line filter lets CMD through.")
     p.add_argument("--profile", "-p", default="strict")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     cmd = command_of(p, ns, "sandboxrun check -- CMD [ARGS...]")
-    import shlex
-
     from .filter import check
     from .profile import load
+    from .shellwords import join
 
     prof = load(ns.profile)
-    text = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    text = cmd[0] if len(cmd) == 1 else join(cmd)
     v = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
     if ns.json:
         import json
@@ -262,7 +284,9 @@ def cmd_check(argv: list[str]) -> int:
 
 
 def cmd_profiles(argv: list[str]) -> int:
-    p = _Parser(prog="sandboxrun profiles", description="List profiles, or show one resolved.")
+    from .cliargs import Parser
+
+    p = Parser(prog="sandboxrun profiles", description="List profiles, or show one resolved.")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", action="store_true")
@@ -349,8 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_term(sig: int, _frame: object) -> None:
         raise _Terminated(sig)
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    signals.signal(signals.SIGTERM, on_term)
+    signals.signal(signals.SIGHUP, on_term)
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
@@ -386,4 +410,12 @@ def entry() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         pass
+    if "atexit" not in sys.modules and "threading" not in sys.modules:
+        # Nothing registered to run at exit and no thread to join (the plain run's path
+        # imports neither): the interpreter's teardown (~3 ms: every module freed) is skipped.
+        try:
+            sys.stderr.flush()
+        except OSError:
+            pass
+        os._exit(code)
     sys.exit(code)

@@ -298,9 +298,10 @@ def _print_value(res: PythonResult) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import _Parser, add_run_options, exit_code_for, explain, run_kwargs
+    from .cli import exit_code_for, explain, run_kwargs
+    from .cliargs import Parser, add_run_options
 
-    p = _Parser(prog="sandboxrun python",
+    p = Parser(prog="sandboxrun python",
                 usage="sandboxrun python [OPTIONS] SCRIPT [ARGS...] [--function NAME | --statement EXPR] "
                       "[-- ARGS...]",
                 description="Run a Python script, one function of it, or one statement, in the sandbox. "

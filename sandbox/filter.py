@@ -42,15 +42,12 @@ Edge-case decisions
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-import re
-from collections.abc import Sequence
-
 from .record import record
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
+    import re
+    from collections.abc import Sequence
     from typing import Any
 
 __all__ = ["MAX_COMMAND_LEN", "MAX_TOKENS", "Verdict", "check"]
@@ -211,11 +208,17 @@ class _RuleSet:
         self.trigger = trigger
 
 
-@functools.cache
+_compiled: dict[str, Any] = {}  # "rules", "lexer": compiled on first use (re and its enum cost a CLI call ~3 ms)
+
+
 def _rules() -> _RuleSet:
-    # Compiled on first use so that importing this module stays cheap.
-    rules = [_Rule(i, s, re.compile(p, re.DOTALL), d) for i, s, p, d in _RULE_SPECS]
-    return _RuleSet(rules, re.compile(_CMD_TRIGGER))
+    found = _compiled.get("rules")
+    if found is None:
+        import re
+
+        rules = [_Rule(i, s, re.compile(p, re.DOTALL), d) for i, s, p, d in _RULE_SPECS]
+        found = _compiled["rules"] = _RuleSet(rules, re.compile(_CMD_TRIGGER))
+    return found
 
 
 def pattern_problem(pattern: str) -> str | None:
@@ -238,8 +241,16 @@ def _compile_extra(pattern: str) -> Any:
 # One token regex per context; every character is matched by some alternative, so the scanner always
 # advances.  Possessive quantifiers keep each token match linear in the token's length, and the
 # common tokens swallow trailing blanks / runs of separators so the Python loop runs once per word.
-@functools.cache
 def _lexer() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    found = _compiled.get("lexer")
+    if found is None:
+        found = _compiled["lexer"] = _compile_lexer()
+    return found
+
+
+def _compile_lexer() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    import re
+
     word = r"[^ \t\n\r'\"\\;&|()<>`$]++"
     cmd = re.compile(
         rf"""
@@ -654,7 +665,9 @@ def check(
                 "blocked by rule 'allowlist': shell chaining, redirection, substitution or comments "
                 "are not permitted when an allowlist is configured",
             )
-        if not any(fnmatch.fnmatchcase(stripped, g) for g in allow):
+        from fnmatch import fnmatchcase
+
+        if not any(fnmatchcase(stripped, g) for g in allow):
             return Verdict(
                 False,
                 "allowlist",

@@ -20,12 +20,12 @@ caller, which is what lets it create the other namespaces.
 
 from __future__ import annotations
 
+import _thread
 import os
-import signal
 import struct
 import sys
-import threading
 
+from . import signals
 from .isolation.syscalls import CLONE_NEWPID, setns, unshare
 from .plan import PARENT_GONE, RunPlan
 from .record import record
@@ -136,9 +136,9 @@ class _ForkSide:
                     pass  # the next unshare then fails with a named error; one-shot forkers need no reset
         if pid == 0:
             try:
-                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)  # not the forker's handlers
-                signal.pthread_sigmask(signal.SIG_SETMASK, set())  # nor its blocked signals
+                for sig in (signals.SIGCHLD, signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
+                    signals.signal(sig, signals.SIG_DFL)  # not the forker's handlers
+                signals.pthread_sigmask(signals.SIG_SETMASK, set())  # nor its blocked signals
                 for i, fd in enumerate((fds.stdin, fds.stdout, fds.stderr)):
                     os.dup2(fd, i)
                 from .child import child_main
@@ -162,8 +162,8 @@ def _make_template(plan: RunPlan) -> int:
     if pid == 0:
         try:
             ours.close()
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
+            for sig in (signals.SIGCHLD, signals.SIGTERM, signals.SIGINT, signals.SIGHUP):
+                signals.signal(sig, signals.SIG_DFL)
             unshare(CLONE_NEWNS)
             assert plan.view is not None
             build_template(plan.view, [""])
@@ -210,7 +210,7 @@ def _become_pid1() -> None:
     unshare(CLONE_NEWPID)
     pid = os.fork()
     if pid:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signals.signal(signals.SIGCHLD, signals.SIG_DFL)
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
@@ -323,7 +323,7 @@ def serve(fd: int) -> None:
             children.discard(pid)
             own_tree.discard(pid)
 
-    signal.signal(signal.SIGCHLD, reap)
+    signals.signal(signals.SIGCHLD, reap)
     pid_namespace = os.stat("/proc/self/ns/pid").st_ino  # the numbering of the pids we reply
     served = 0
     while True:
@@ -343,7 +343,7 @@ def serve(fd: int) -> None:
             child_fds = ChildFds(fds[0], fds[1], fds[2], fds[3], fds[4:])
             # No reaping between fork and pidfd_open: a child that fails at once would be
             # gone (its pid maybe reused) before we hold it.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGCHLD})
             try:
                 pid = side.fork_child(plan, child_fds)
                 children.add(pid)
@@ -351,7 +351,7 @@ def serve(fd: int) -> None:
                     own_tree.add(pid)
                 pidfd = os.pidfd_open(pid)
             finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+                signals.pthread_sigmask(signals.SIG_UNBLOCK, {signals.SIGCHLD})
             reply: object = ("ok", pid, pid_namespace)
             out = [pidfd]
         except ForkError as e:
@@ -383,7 +383,7 @@ def serve(fd: int) -> None:
         time.sleep(0.02)  # the SIGCHLD handler (reap) removes those that exited
     for pid in list(children):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signals.SIGKILL)
         except OSError:
             pass
     os._exit(0)
@@ -393,7 +393,7 @@ class ServerForker:
     """Client side of the fork server; safe from any number of threads."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None  # noqa: F821 - a string annotation
         self._owner = 0
@@ -477,4 +477,6 @@ def is_single_threaded() -> bool:
                     return int(line.split()[1]) == 1
     except OSError:
         pass
+    import threading
+
     return threading.active_count() == 1

@@ -335,9 +335,9 @@ def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    from .cli import _Parser
+    from .cliargs import Parser
 
-    p = _Parser(prog="sandboxrun mcp", usage="sandboxrun mcp [--profile P] [--workspace DIR]",
+    p = Parser(prog="sandboxrun mcp", usage="sandboxrun mcp [--profile P] [--workspace DIR]",
                 description="Serve the sandbox as MCP tools over stdio (needs: pip install 'sandboxrun[mcp]').")
     p.add_argument("--profile", "-p", default="strict", help="profile for every run (default: strict)")
     p.add_argument("--workspace", "-w", metavar="DIR",

@@ -8,7 +8,10 @@ supervisor's memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CHUNK = 1 << 16
 _devnull = -1

@@ -438,12 +438,13 @@ def _check_abs(p: str, err: Any) -> None:
         raise err("must not contain '..'")
 
 
+_HOSTNAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
 def _check_hostname(name: str, err: Any) -> None:
     """A plain host name: it becomes a line of the sandbox's /etc/hosts (a newline would add
     one of its own) and its UTS name (at most 64 bytes)."""
-    import re
-
-    if not re.fullmatch(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}", name):
+    if not (0 < len(name) <= 64 and _HOSTNAME_CHARS.issuperset(name) and name[0] != "-"):
         raise err("expected 1-64 letters, digits, '-', '_' or '.', not starting with '-'")
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import sessions
-from .cli import _Parser, add_run_options, command_of, exit_code_for, explain, run_kwargs
+from .cli import exit_code_for, explain, run_kwargs
+from .cliargs import Parser, add_run_options, command_of
 from .errors import InputError
 from .result import Result
 
@@ -23,7 +24,7 @@ EXIT_WAIT_TIMEOUT = 124  # `wait --timeout` ran out while the session still runs
 
 
 def _parser(name: str, description: str, with_id: bool = True) -> argparse.ArgumentParser:
-    p = _Parser(prog=f"sandboxrun {name}", description=description)
+    p = Parser(prog=f"sandboxrun {name}", description=description)
     if with_id:
         p.add_argument("id", help="session id, name, or unique id prefix")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -44,7 +45,7 @@ def _ended_line(sid: str, res: Result) -> str:
 
 
 def cmd_start(argv: list[str]) -> int:
-    p = _Parser(prog="sandboxrun start", description="Start CMD in a background sandbox session; print its id.",
+    p = Parser(prog="sandboxrun start", description="Start CMD in a background sandbox session; print its id.",
                 usage="sandboxrun start [OPTIONS] [--name N] [--pty [--cols C --rows R]] -- CMD [ARGS...]")
     add_run_options(p)
     p.add_argument("--name", "-n", help="a name to find the session by (default: derived from the command)")

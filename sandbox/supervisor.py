@@ -8,21 +8,17 @@ command's exit over a close-on-exec report pipe.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
-import math
 import os
 import select
-import selectors
-import shlex
-import signal
 import stat
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections (~2 ms)
 
 from . import profile as profiles
-from . import shellwords
+from . import shellwords, signals
 from .errors import InputError, os_bytes
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
 from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, only_ours_to_rename, remove_tree
@@ -37,6 +33,7 @@ from .result import Isolation, Result, Usage
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 F_SETPIPE_SZ = 1031
@@ -47,7 +44,7 @@ _server: ServerForker | None = None
 _direct: DirectForker | None = None
 _native: Any = None  # native.launch.NativeForker, imported on first use
 _one_shot = False
-_forker_lock = threading.Lock()
+_forker_lock = _thread.allocate_lock()  # (threading: ~4 ms of a CLI call to import)
 
 
 def _rootless() -> bool:
@@ -91,7 +88,10 @@ def _forker(plan: RunPlan) -> Any:
                 if _native is None:
                     from .native.launch import NativeForker
 
-                    _native = NativeForker(templates=not _one_shot)
+                    # One-shot: no templates to keep, and (without os.unshare, Python < 3.12) the
+                    # stage makes the pid namespace, which spares the CLI ctypes' import.
+                    _native = NativeForker(templates=not _one_shot,
+                                           stage_clones=_one_shot and not hasattr(os, "unshare"))
                     if not _one_shot:
                         import atexit
 
@@ -149,7 +149,7 @@ def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
             if "\0" in a:
                 raise InputError(f"command[{i}] contains a NUL byte")
         if shell:
-            argv = ["/bin/sh", "-c", shlex.join(argv) if len(argv) != 1 else argv[0]]
+            argv = ["/bin/sh", "-c", shellwords.join(argv) if len(argv) != 1 else argv[0]]
     if not argv or not argv[0]:
         raise InputError("empty command")
     return argv
@@ -417,7 +417,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
 
     rl: list[tuple[str, int]] = [("core", 0), *fixed()]
     if lim.cpu_time is not None:
-        rl.append(("cpu_time", max(1, math.ceil(lim.cpu_time))))
+        rl.append(("cpu_time", max(1, int(-(-lim.cpu_time // 1)))))  # ceil, without math's import
     for key in ("address_space", "file_size", "open_files", "processes"):
         v = getattr(lim, key)
         if v is not None:
@@ -479,13 +479,6 @@ def _pipe(size: int | None = None) -> tuple[int, int]:
         except OSError:
             pass
     return r, w
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
 
 
 def execute(req: Request) -> Result:
@@ -705,7 +698,7 @@ class _Report:
 
 def _send(launched: Launched, sig: int) -> None:
     try:
-        signal.pidfd_send_signal(launched.pidfd, sig)
+        signals.pidfd_send_signal(launched.pidfd, sig)
     except OSError:
         pass
 
@@ -721,7 +714,7 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         from .isolation import proctree
 
         try:
-            signal.pidfd_send_signal(pidfd, PARENT_GONE)
+            signals.pidfd_send_signal(pidfd, PARENT_GONE)
         except OSError:
             pass
         try:
@@ -734,10 +727,10 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
             # thread) its pid may be another process's, whose children are not the run's.
             if select.select([pidfd], [], [], 0)[0]:
                 break
-            proctree.signal_tree(root, signal.SIGKILL)
+            proctree.signal_tree(root, signals.SIGKILL)
             time.sleep(0.002)
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        signals.pidfd_send_signal(pidfd, signals.SIGKILL)
     except OSError:
         pass
 
@@ -746,16 +739,16 @@ def _write_no_sigpipe(fd: int, data: memoryview) -> int:
     """os.write to the command's stdin that cannot kill the caller: a command that does not
     read its stdin closes the pipe, and a caller (or the program embedding Python) may have
     SIGPIPE at its default. Blocked for this thread while it writes; one raised is taken."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    old = signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGPIPE})
     try:
         return os.write(fd, data)
     except BrokenPipeError:
-        if signal.SIGPIPE not in old:
-            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        if signals.SIGPIPE not in old:
+            signals.sigtimedwait({signals.SIGPIPE}, 0)
         raise
     finally:
-        if signal.SIGPIPE not in old:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if signals.SIGPIPE not in old:
+            signals.pthread_sigmask(signals.SIG_SETMASK, old)
 
 
 def _drain_report(rep_r: int, report: _Report) -> None:
@@ -770,6 +763,30 @@ def _drain_report(rep_r: int, report: _Report) -> None:
         report.feed(data)
 
 
+class _Poller:
+    """epoll, each fd under a name (the selectors module costs ~3 ms of a CLI call to import)."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._names: dict[int, str] = {}
+
+    def register(self, fd: int, name: str, events: int = select.EPOLLIN) -> None:
+        self._epoll.register(fd, events)
+        self._names[fd] = name
+
+    def unregister(self, fd: int) -> None:
+        self._epoll.unregister(fd)
+        del self._names[fd]
+
+    def poll(self, timeout: float | None) -> list[str]:
+        """The names of the ready fds (readable, writable, or at hang-up or error: the reader finds which)."""
+        ready = self._epoll.poll(-1 if timeout is None else timeout)
+        return [self._names[fd] for fd, _events in ready if fd in self._names]
+
+    def close(self) -> None:
+        self._epoll.close()
+
+
 def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: int, stdin_w: int,
                cg: cgroups.RunCgroup | None, started: float, *, own_tree: bool = False) -> Result:
     prof = req.profile
@@ -777,21 +794,21 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     out = Capture(lim.output, req.on_stdout, forward_all=req.forward_all)
     err = Capture(lim.output, req.on_stderr, forward_all=req.forward_all)
     report = _Report()
-    sel = selectors.DefaultSelector()
+    sel = _Poller()
     for fd in (out_r, err_r, rep_r):
         os.set_blocking(fd, False)
-    sel.register(out_r, selectors.EVENT_READ, "out")
-    sel.register(err_r, selectors.EVENT_READ, "err")
+    sel.register(out_r, "out")
+    sel.register(err_r, "err")
     # The child's few report lines fit its pipe: read as they come only for a caller that
     # waits for the start; else at the end, which spares a wakeup a line (~0.1 ms each).
     watch_report = req.on_started is not None
     if watch_report:
-        sel.register(rep_r, selectors.EVENT_READ, "report")
-    sel.register(launched.pidfd, selectors.EVENT_READ, "exit")
+        sel.register(rep_r, "report")
+    sel.register(launched.pidfd, "exit")
     stdin_data = memoryview(req.stdin or b"")
     if stdin_w >= 0:
         os.set_blocking(stdin_w, False)
-        sel.register(stdin_w, selectors.EVENT_WRITE, "stdin")
+        sel.register(stdin_w, "stdin", select.EPOLLOUT)
     open_streams = {"out", "err", "report"} if watch_report else {"out", "err"}
     deadline = started + lim.timeout if lim.timeout else None
     timed_out = False
@@ -803,7 +820,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
             if exited_at is None:
                 if deadline is not None and not timed_out and now >= deadline:
                     timed_out = True
-                    _send(launched, signal.SIGTERM)  # init forwards it to every process
+                    _send(launched, signals.SIGTERM)  # init forwards it to every process
                     kill_at = now + lim.kill_grace
                 if kill_at is not None and now >= kill_at:
                     report.killed = True
@@ -819,8 +836,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                 wait = max(0.0, exited_at + 2.0 - now)
                 if wait == 0:
                     break
-            for key, _ev in sel.select(wait):
-                what = key.data
+            for what in sel.poll(wait):
                 if what == "out":
                     if not out.read_from(out_r):
                         sel.unregister(out_r)
@@ -917,7 +933,7 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
         res.status = "timeout"
         res.error = f"wall timeout of {lim.timeout:g}s"
         if report.status is not None and os.WIFSIGNALED(report.status):
-            res.signal = _signal_name(os.WTERMSIG(report.status))
+            res.signal = signals.name(os.WTERMSIG(report.status))
         elif report.killed:
             res.signal = "SIGKILL"  # it outlived the grace; its init died before it could say
         return
@@ -929,12 +945,12 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
     st = report.status
     if os.WIFSIGNALED(st):
         sig = os.WTERMSIG(st)
-        res.signal = _signal_name(sig)
+        res.signal = signals.name(sig)
         cpu = res.usage.cpu_user_s + res.usage.cpu_sys_s
-        if res.usage.oom_kills and sig == signal.SIGKILL:
+        if res.usage.oom_kills and sig == signals.SIGKILL:
             res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {lim.memory})"
         # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time used
-        elif sig in (signal.SIGXCPU, signal.SIGKILL) and lim.cpu_time and cpu >= lim.cpu_time * 0.95:
+        elif sig in (signals.SIGXCPU, signals.SIGKILL) and lim.cpu_time and cpu >= lim.cpu_time * 0.95:
             res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
         else:
             res.status = "signaled"
@@ -992,7 +1008,7 @@ def run(
         os_bytes(cwd, "cwd")
     full_env = build_env(prof, env)
     check_size(argv, full_env)
-    cmd_text = command if isinstance(command, str) else shlex.join(argv)
+    cmd_text = command if isinstance(command, str) else shellwords.join(argv)
     if prof.blocklist or prof.block or prof.allow:
         from .filter import check
 

@@ -298,7 +298,7 @@ def test_enable_controllers_other_errors_propagate(fake_v2: Path, monkeypatch: p
 def _fake_mounts(monkeypatch: pytest.MonkeyPatch, mounts: list[tuple[str, str, str]], uid: int = 0) -> None:
     monkeypatch.setattr(cgroups, "_mountinfo", lambda: mounts)
     monkeypatch.setattr(cgroups, "_own_v2_cgroup", lambda: "/")
-    cgroups.caller_uid.cache_clear()
+    cgroups._caller_uid.clear()
     monkeypatch.setattr(cgroups.os, "geteuid", lambda: uid)
     monkeypatch.delenv("SANDBOXRUN_CGROUP", raising=False)
 
@@ -611,20 +611,20 @@ def test_required_cgroup_unavailable_is_a_setup_error(monkeypatch: pytest.Monkey
 
 def test_caller_uid_sees_through_our_own_user_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's DirectForker makes the process root of a user namespace: still not host root."""
-    cgroups.caller_uid.cache_clear()
+    cgroups._caller_uid.clear()
     monkeypatch.setattr(cgroups.os, "geteuid", lambda: 0)
     monkeypatch.setattr(cgroups, "_read", lambda p: "         0        999          1\n")
     assert cgroups.caller_uid() == 999
-    cgroups.caller_uid.cache_clear()
+    cgroups._caller_uid.clear()
     monkeypatch.setattr(cgroups, "_read", lambda p: "         0          0 4294967295\n")
     assert cgroups.caller_uid() == 0
 
 
 @pytest.fixture(autouse=True)
 def _clear_uid_cache():
-    cgroups.caller_uid.cache_clear()
+    cgroups._caller_uid.clear()
     yield
-    cgroups.caller_uid.cache_clear()
+    cgroups._caller_uid.clear()
 
 
 def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None:

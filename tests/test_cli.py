@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +29,14 @@ def _needs_sandbox(isolated) -> None:
 def test_readme_command() -> None:
     r = cli("--profile", "strict", "--", "python3", "-c", "print(6*7)")
     assert (r.returncode, r.stdout) == (0, b"42\n"), r.stderr
+
+
+def test_cli_runs_in_its_own_pid_namespace() -> None:
+    # The CLI's stage makes the pid namespace itself (stage.c, clone_pid_namespace): the
+    # command is PID 2 under our init, and this test's own process is out of its sight.
+    r = cli("--", "sh", "-c", f"echo $$; tr '\\0' ' ' < /proc/1/cmdline; echo; "
+                              f"test -e /proc/{os.getpid()}/status && echo visible || echo hidden")
+    assert r.returncode == 0 and r.stdout.split() == [b"2", b"sandboxrun-init", b"hidden"], (r.stdout, r.stderr)
 
 
 def test_exit_code_mirrors_command() -> None:
@@ -135,20 +145,61 @@ def test_reader_gone_is_quiet_and_keeps_the_exit_code(args, stdin, code) -> None
 
 
 # Modules that a plain `sandboxrun -- CMD` must not import: each costs 1-5 ms of every CLI call
-# (pathlib, typing, contextlib, socket, locale via argparse's gettext, logging via concurrent.futures).
+# (pathlib, typing, contextlib, socket, locale via argparse's gettext, logging via concurrent.futures;
+# re, enum, signal, argparse, selectors, threading, functools, collections, ctypes: ~15 ms together).
 # Checked by what is imported, not by timing it (timings are scripts/bench.py's job).
 HEAVY_FOR_THE_CLI = {"pathlib", "typing", "contextlib", "socket", "locale", "logging", "concurrent.futures",
-                     "subprocess", "tomllib", "json", "tempfile", "shutil", "dataclasses", "inspect", "asyncio"}
+                     "subprocess", "tomllib", "json", "tempfile", "shutil", "dataclasses", "inspect", "asyncio",
+                     "re", "enum", "signal", "argparse", "gettext", "selectors", "threading", "functools",
+                     "collections", "ctypes", "shlex", "fnmatch", "math", "atexit"}
 
 
 def test_the_run_path_imports_nothing_heavy() -> None:
     code = ("import sys\nfrom sandbox.cli import main\n"
             "sys.argv = ['sandboxrun', '--profile', 'strict', '--', '/bin/true']\ncode = main()\n"
             "print(code, ' '.join(sorted(sys.modules)))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    # -S: no site-packages hook can import any of them first (the package comes from PYTHONPATH)
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     code_text, _, modules = p.stdout.strip().partition(" ")
     assert code_text == "0", p.stdout + p.stderr
     loaded = set(modules.split())
     assert "sandbox.supervisor" in loaded  # it did run
     assert not loaded & HEAVY_FOR_THE_CLI, loaded & HEAVY_FOR_THE_CLI
+
+
+def test_the_installed_command_imports_nothing_heavy() -> None:
+    # The `sandboxrun` script itself (bin/sandboxrun), not a console-script wrapper: pip's imports re.
+    launcher = Path(sys.executable).parent / "sandboxrun"
+    if not launcher.exists():
+        pytest.skip("no sandboxrun command next to this interpreter (not installed by scripts/setup.sh)")
+    p = subprocess.run([str(launcher), "--profile", "strict", "--", "/bin/true"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1"))
+    assert p.returncode == 0, p.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "sandbox.supervisor" in imported
+    assert not imported & HEAVY_FOR_THE_CLI, imported & HEAVY_FOR_THE_CLI
+
+
+# The plain run options are parsed without argparse (cli.parse_plain_run); whatever it accepts,
+# argparse must read the same way. Words drawn from the options, their values and their traps.
+_WORDS = ["--profile", "-p", "--timeout", "-t", "--memory", "--cwd", "--env", "-e", "--ro-bind", "--bind",
+          "--network", "--stdin-file", "--shell", "--json", "--trace", "--debug", "--yield-ms", "--prof",
+          "--profile=strict", "--env=A=1", "--network=host", "--network=bad", "-pstrict", "--json=1",
+          "--", "-", "-1", "strict", "30s", "A=1", "/tmp", "none", "loopback", "echo", "hi", "-x", "a b", ""]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_WORDS), max_size=8), st.lists(st.sampled_from(_WORDS), max_size=3))
+def test_plain_run_options_read_as_argparse_reads_them(options: list[str], command: list[str]) -> None:
+    from sandbox.cli import parse_plain_run, parse_run_with_argparse
+
+    for argv in (options, [*options, "--", "cmd", *command]):
+        plain = parse_plain_run(argv)
+        if plain is None:
+            continue  # argparse's to parse (or to refuse, with its usage line)
+        ns, cmd = parse_run_with_argparse(list(argv))  # a usage error here would be SystemExit: a failure
+        assert cmd == plain.command
+        for name in ("profile", "timeout", "memory", "cwd", "stdin_file", "network", "env", "ro_bind", "bind",
+                     "shell", "json", "trace", "debug", "yield_ms"):
+            assert getattr(ns, name) == getattr(plain, name), (argv, name)

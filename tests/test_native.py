@@ -43,6 +43,63 @@ def test_native_and_python_child_apply_the_same_layers(monkeypatch: pytest.Monke
     assert "sandboxrun-init" in joined and "no-shadow" in joined and native_view[-1] == "lo"
 
 
+def test_a_pid_namespace_the_stage_makes_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-shot CLI has the stage clone PID 1 (no ctypes to unshare with on Python 3.11):
+    the run sees what a run whose pid namespace our thread made sees, and the stage is reaped."""
+    from sandbox import supervisor
+    from sandbox.native import launch
+
+    thread_made = _probe(monkeypatch, "native")
+    spawned: list[int] = []
+    real_spawn = os.posix_spawn
+    monkeypatch.setattr(launch.os, "posix_spawn", lambda *a, **k: spawned.append(real_spawn(*a, **k)) or spawned[-1])
+    cloned: list[int] = []
+    real_cloning = launch._spawn_cloning
+    monkeypatch.setattr(launch, "_spawn_cloning", lambda *a: cloned.append(real_cloning(*a)) or cloned[-1])
+    forker = launch.NativeForker(templates=False, stage_clones=True)
+    monkeypatch.setattr(supervisor, "_native", forker)
+    try:
+        stage_made = _probe(monkeypatch, "native")
+    finally:
+        forker.close()
+    assert stage_made == thread_made
+    assert len(spawned) == 1 and len(cloned) == 1 and cloned[0] != spawned[0]  # PID 1 is not the stage
+    with pytest.raises(ChildProcessError):
+        os.waitpid(spawned[0], os.WNOHANG)  # the stage that cloned PID 1: reaped, no zombie
+
+
+def test_an_inherited_fd_5_does_not_make_the_stage_clone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fd 5 open in the stage means "make the pid namespace" (stage.c): a caller's own fd 5,
+    inheritable, must not reach it when our thread made the namespace already."""
+    from sandbox import supervisor
+    from sandbox.native import launch
+
+    saved = os.dup(5) if _is_open(5) else -1
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 5, inheritable=True)
+    os.close(null)
+    forker = launch.NativeForker(templates=False, stage_clones=False)
+    monkeypatch.setattr(supervisor, "_native", forker)
+    try:
+        r = sandbox.run(["sh", "-c", "echo $$; tr '\\0' ' ' < /proc/1/cmdline"])
+    finally:
+        forker.close()
+        if saved >= 0:
+            os.dup2(saved, 5)
+            os.close(saved)
+        else:
+            os.close(5)
+    assert r.status == "ok" and r.stdout.split() == ["2", "sandboxrun-init"], r
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
 def test_native_stage_is_what_root_runs_use(monkeypatch: pytest.MonkeyPatch) -> None:
     from sandbox.native.launch import NativeForker
 

@@ -20,7 +20,6 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Sequence
 
 from ..record import record
 from .syscalls import (
@@ -46,6 +45,7 @@ from .syscalls import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21

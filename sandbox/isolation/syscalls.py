@@ -111,10 +111,16 @@ def reset_io_priority() -> None:
 
 
 def unshare(flags: int) -> None:
+    if hasattr(os, "unshare"):  # Python >= 3.12: no ctypes to load
+        os.unshare(flags)
+        return
     _check(_c()[0].unshare(flags), "unshare")
 
 
 def setns(fd: int, nstype: int = 0) -> None:
+    if hasattr(os, "setns"):
+        os.setns(fd, nstype)
+        return
     _check(_c()[0].setns(fd, nstype), "setns")
 
 

@@ -8,11 +8,11 @@ lock per uid on one lock file, released automatically if the supervisor dies).
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import stat
 import struct
-import threading
 
 from ..errors import InputError
 
@@ -23,7 +23,7 @@ LOCK_FILE = "/run/sandboxrun/uids.lock"  # unless SANDBOXRUN_UID_LOCK names anot
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 _in_use: set[int] = set()
-_mutex = threading.Lock()
+_mutex = _thread.allocate_lock()
 _range: tuple[int, int, int] | None = None  # base, count, this process's first slot
 
 

@@ -3,14 +3,17 @@
 For a run with a pid namespace, the calling thread first unshares CLONE_NEWPID, which
 changes only where that thread's next child is born: the stage starts as PID 1 of the
 new namespace and we are its parent (we reap it and hold its pidfd). The thread then
-returns to its own namespace at once.
+returns to its own namespace at once. Where that unshare would cost more than it saves
+(the one-shot CLI on Python 3.11, which has no os.unshare: ctypes' import, ~2.5 ms), the
+stage makes the namespace itself: it clones PID 1 as our child and exits (stage.c,
+clone_pid_namespace), one short-lived process more (~0.1 ms).
 """
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
-import threading
 
 from ..forker import ChildFds, ForkError, Launched, open_template
 from ..isolation.syscalls import CLONE_NEWPID, setns, unshare
@@ -24,21 +27,36 @@ if TYPE_CHECKING:
 _F_DUPFD_CLOEXEC = 1030
 
 
-def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, pid1: bool = False) -> int:
+_PIDNS_FD = 5  # stage.c: open when the stage is to make the pid namespace, and send PID 1's pid on it
+
+
+def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, pid1: bool = False,
+                 stage_clones: bool = False) -> int:
     """posix_spawn the stage with `fds` at the given numbers; returns its pid.
-    `pid1`: as PID 1 of a new pid namespace."""
+    `pid1`: as PID 1 of a new pid namespace, which this thread makes, or with `stage_clones`
+    the stage (and the pid returned is then that of the PID 1 it made, our child too)."""
     memfd = os.memfd_create("sandboxrun-stage", os.MFD_CLOEXEC)
     temps: list[int] = []
+    pid_r = pid_w = -1
     try:
         view = memoryview(program)
         while view:
             view = view[os.write(memfd, view):]
+        where = {**fds, 3: memfd}
+        if pid1 and stage_clones:
+            pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
+            where[_PIDNS_FD] = pid_w
         actions = []
-        for target, src in sorted({**fds, 3: memfd}.items()):
+        for target, src in sorted(where.items()):
             # Each source first goes above every target, so no dup2 overwrites a later source.
             high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
             temps.append(high)
             actions.append((os.POSIX_SPAWN_DUP2, high, target))
+        if _PIDNS_FD not in where:
+            actions.append((os.POSIX_SPAWN_CLOSE, _PIDNS_FD))  # an fd 5 of our caller's would say "clone"
+        if pid_w >= 0:
+            r, w, pid_r, pid_w = pid_r, pid_w, -1, -1  # theirs to close
+            return _spawn_cloning(path, mode, actions, r, w)
         pid = -1
         try:
             with _new_pid_namespace() if pid1 else _no_namespace:
@@ -53,8 +71,31 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
             raise
         return pid
     finally:
-        for fd in (memfd, *temps):
-            os.close(fd)
+        for fd in (memfd, *temps, pid_r, pid_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _spawn_cloning(path: str, mode: str, actions: list[tuple[int, ...]], pid_r: int, pid_w: int) -> int:
+    """The stage makes the pid namespace: it clones PID 1 as our child, sends its pid, and exits.
+    Closes `pid_r` and `pid_w`."""
+    try:
+        stage = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+    except OSError as e:
+        os.close(pid_r)
+        raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
+    finally:
+        os.close(pid_w)  # the stage's copy alone: EOF if it ends without a word
+    text = _read_line(pid_r)
+    _reap(stage)
+    try:
+        pid = int(text)
+    except ValueError:
+        raise ForkError("stage", 0, f"the native stage sent no pid ({text!r})") from None
+    if pid <= 0:
+        err = -pid
+        raise ForkError("pid_namespace", err, f"cannot create a pid namespace: {os.strerror(err)}")
+    return pid
 
 
 class _NoNamespace:
@@ -91,7 +132,7 @@ class _new_pid_namespace:
             os.close(self.own)
 
 
-def _read_line(fd: int) -> str:
+def _read_line(fd: int, *, close: bool = True) -> str:
     data = b""
     try:
         while not data.endswith(b"\n"):
@@ -100,7 +141,8 @@ def _read_line(fd: int) -> str:
                 break
             data += chunk
     finally:
-        os.close(fd)
+        if close:
+            os.close(fd)
     return data.decode(errors="replace").strip()
 
 
@@ -117,10 +159,13 @@ class NativeForker:
     joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_tasks)
     reaps_pid1 = True  # a run with a pid namespace: its PID 1 is our child (Launched.pid1)
 
-    def __init__(self, *, templates: bool) -> None:
+    def __init__(self, *, templates: bool, stage_clones: bool = False) -> None:
+        """`templates`: keep views' static parts (long-lived callers); `stage_clones`: the stage
+        makes each run's pid namespace (callers for whom an unshare costs ctypes' import)."""
         self.templates: dict[tuple[object, ...], int] | None = {} if templates else None
+        self.stage_clones = stage_clones
         self._failed: set[tuple[object, ...]] = set()
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         # Network namespaces made ahead (long-lived callers only, like the templates).
         self.netns: ReadyNamespaces | None = None
         if templates:
@@ -203,7 +248,7 @@ class NativeForker:
         if template >= 0:
             where[ops.TEMPLATE_FD] = template
         pid = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where,
-                           pid1=plan.pid_namespace)
+                           pid1=plan.pid_namespace, stage_clones=self.stage_clones)
         return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace)
 
     def close(self) -> None:

@@ -14,6 +14,8 @@
 
    fd 3  the program (a memfd), read whole, then closed
    fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
+   fd 5  "sandboxrun-init" only, and only where the caller did not make the pid namespace itself:
+         we make it (clone_pid_namespace) and send PID 1's pid (or -errno) down this pipe
    fds 6.. named by the program's steps (cgroup sync pipe, template namespace, v1 tasks files, ready netns)
 
    Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
@@ -52,6 +54,7 @@
 
 #define PROGRAM_FD 3
 #define REPORT_FD 4
+#define PIDNS_FD 5
 #define MAX_ARGS 8
 #define MAX_SLOTS 64
 #define NOGROUP 65534
@@ -994,10 +997,28 @@ static void reset_process_state(void) {
     }
 }
 
+/* For a caller that cannot cheaply unshare CLONE_NEWPID itself (Python 3.11 has no os.unshare,
+   and the one-shot CLI would load ctypes for it: ~2.5 ms): PID 1 of a new pid namespace is
+   cloned here as our caller's child (CLONE_PARENT), so that it reaps it and holds its pidfd as
+   if it had spawned it; we send its pid on PIDNS_FD and exit, and it goes on as the stage.
+   A raw clone with no new stack, as bubblewrap does: fork's semantics with namespace flags. */
+static void clone_pid_namespace(void) {
+    char msg[32];
+    long pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) {
+        close(PIDNS_FD);
+        return;
+    }
+    int n = snprintf(msg, sizeof msg, "%ld\n", pid < 0 ? -(long)errno : pid);
+    (void)!write(PIDNS_FD, msg, n);
+    _exit(0);
+}
+
 int main(int argc, char **argv) {
     (void)argc;  /* argv[0] is the mode: /proc/1/cmdline shows it and nothing else */
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
     own_pid_ns = argv[0] && strcmp(argv[0], "sandboxrun-init") == 0;
+    if (own_pid_ns && fcntl(PIDNS_FD, F_GETFD) >= 0) clone_pid_namespace();
     reset_signals();
     reset_process_state();
     read_program();
