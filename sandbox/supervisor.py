@@ -780,7 +780,7 @@ class _Poller:
 
     def poll(self, timeout: float | None) -> list[str]:
         """The names of the ready fds (readable, writable, or at hang-up or error: the reader finds which)."""
-        ready = self._epoll.poll(-1 if timeout is None else timeout)
+        ready = self._epoll.poll(timeout)  # None: until one is ready
         return [self._names[fd] for fd, _events in ready if fd in self._names]
 
     def close(self) -> None:
