@@ -68,6 +68,22 @@ def test_a_pid_namespace_the_stage_makes_is_the_same(monkeypatch: pytest.MonkeyP
         os.waitpid(spawned[0], os.WNOHANG)  # the stage that cloned PID 1: reaped, no zombie
 
 
+@pytest.mark.parametrize(("says", "step", "err"), [("-28", "pid_namespace", 28), ("", "stage", 0)])
+def test_a_stage_that_could_not_clone_fails_the_run_closed(tmp_path, says: str, step: str, err: int) -> None:
+    """The stage's answer on fd 5 is PID 1's pid, or -errno when the clone was refused (ENOSPC:
+    user.max_pid_namespaces reached), or nothing if it died: no pid, no run, the step named."""
+    from sandbox.forker import ForkError
+    from sandbox.native import launch
+
+    fake = tmp_path / "stage"
+    fake.write_text(f"#!/bin/sh\n{'echo ' + says + ' >&5' if says else 'exit 0'}\n")
+    fake.chmod(0o755)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    with pytest.raises(ForkError) as caught:
+        launch._spawn_cloning(str(fake), "sandboxrun-init", [(os.POSIX_SPAWN_DUP2, w, 5)], r, w)
+    assert (caught.value.step, caught.value.errno or 0) == (step, err), caught.value
+
+
 def test_an_inherited_fd_5_does_not_make_the_stage_clone(monkeypatch: pytest.MonkeyPatch) -> None:
     """fd 5 open in the stage means "make the pid namespace" (stage.c): a caller's own fd 5,
     inheritable, must not reach it when our thread made the namespace already."""
