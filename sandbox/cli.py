@@ -41,29 +41,44 @@ def _env_pairs(values: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+# The run options, for both parsers (this file's plain one and cliargs' argparse one):
+# (names, kind, choices, metavar, help); kind "value" takes one value, "list" is repeatable,
+# "flag" takes none. The attribute is the first name's (--ro-bind: ro_bind).
+RUN_OPTIONS: tuple[tuple[tuple[str, ...], str, tuple[str, ...] | None, str | None, str], ...] = (
+    (("--profile", "-p"), "value", None, None, "built-in profile name or a TOML file (default: strict)"),
+    (("--timeout", "-t"), "value", None, None, "wall timeout, e.g. 30, 30s, 2m (0 = none, if the profile allows)"),
+    (("--memory",), "value", None, None, "memory limit, e.g. 256MiB"),
+    (("--cwd",), "value", None, None, "workdir to mount read-write (default: a fresh, size-capped, empty tmpfs)"),
+    (("--env", "-e"), "list", None, "K=V", "set a variable inside (repeatable)"),
+    (("--ro-bind",), "list", None, "SRC[:DST]", "bind a host path read-only"),
+    (("--bind",), "list", None, "SRC[:DST]", "bind a host path read-write"),
+    (("--network",), "value", ("none", "loopback", "host"), None, "network mode"),
+    (("--stdin-file",), "value", None, "FILE", "feed this file to the command's stdin"),
+    (("--shell",), "flag", None, None, "run CMD with /bin/sh -c inside the sandbox"),
+    (("--json",), "flag", None, None, "print the Result as JSON instead of streaming output"),
+    (("--trace",), "flag", None, None, "record the cost of each child setup step"),
+    (("--debug",), "flag", None, None, "show tracebacks for internal errors"),
+)
+RUN_DEFAULTS = {"profile": "strict"}
+
+
+def option_attribute(names: tuple[str, ...]) -> str:
+    return names[0].lstrip("-").replace("-", "_")
+
+
+_PLAIN = {name: (kind, option_attribute(names), choices)
+          for names, kind, choices, _metavar, _help in RUN_OPTIONS for name in names}
+
+
 class RunArgs:
-    """What argparse's run parser (cliargs.add_run_options) gives, for the plain form."""
+    """What argparse's run parser gives (cliargs.add_run_options), for the plain form."""
 
     def __init__(self) -> None:
-        self.profile = "strict"
-        self.timeout: str | None = None
-        self.memory: str | None = None
-        self.cwd: str | None = None
-        self.stdin_file: str | None = None
-        self.network: str | None = None
-        self.env: list[str] | None = None
-        self.ro_bind: list[str] | None = None
-        self.bind: list[str] | None = None
-        self.shell = self.json = self.trace = self.debug = False
+        for names, kind, _choices, _metavar, _help in RUN_OPTIONS:
+            attribute = option_attribute(names)
+            setattr(self, attribute, False if kind == "flag" else RUN_DEFAULTS.get(attribute))
         self.yield_ms: int | None = None
         self.command: list[str] = []
-
-
-_VALUE_OPTIONS = {"--profile": "profile", "-p": "profile", "--timeout": "timeout", "-t": "timeout",
-                  "--memory": "memory", "--cwd": "cwd", "--stdin-file": "stdin_file", "--network": "network"}
-_LIST_OPTIONS = {"--env": "env", "-e": "env", "--ro-bind": "ro_bind", "--bind": "bind"}
-_FLAGS = {"--shell": "shell", "--json": "json", "--trace": "trace", "--debug": "debug"}
-_NETWORKS = ("none", "loopback", "host")
 
 
 def parse_plain_run(argv: Sequence[str]) -> RunArgs | None:
@@ -78,28 +93,28 @@ def parse_plain_run(argv: Sequence[str]) -> RunArgs | None:
         if arg == "--":
             ns.command = list(argv[i + 1:])
             return ns if ns.command else None
-        flag = _FLAGS.get(arg)
-        if flag is not None:
-            setattr(ns, flag, True)
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        known = _PLAIN.get(name)
+        if known is None:
+            return None
+        kind, attribute, choices = known
+        if kind == "flag":
+            if eq:
+                return None
+            setattr(ns, attribute, True)
             i += 1
             continue
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        dest = _VALUE_OPTIONS.get(name) or _LIST_OPTIONS.get(name)
-        if dest is None:
-            return None
         if not eq:
             if i + 1 >= end or argv[i + 1].startswith("-"):
                 return None
             value = argv[i + 1]
         i += 1 if eq else 2
-        if dest == "network" and value not in _NETWORKS:
+        if choices is not None and value not in choices:
             return None
-        if name in _LIST_OPTIONS:
-            values = getattr(ns, dest) or []
-            values.append(value)
-            setattr(ns, dest, values)
+        if kind == "list":
+            setattr(ns, attribute, [*(getattr(ns, attribute) or ()), value])
         else:
-            setattr(ns, dest, value)
+            setattr(ns, attribute, value)
     return None
 
 

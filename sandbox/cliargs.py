@@ -41,19 +41,19 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", "-p", default="strict", help="built-in profile name or a TOML file (default: strict)")
-    p.add_argument("--timeout", "-t", help="wall timeout, e.g. 30, 30s, 2m (0 = none, if the profile allows)")
-    p.add_argument("--memory", help="memory limit, e.g. 256MiB")
-    p.add_argument("--cwd", help="workdir to mount read-write (default: a fresh, size-capped, empty tmpfs)")
-    p.add_argument("--env", "-e", action="append", metavar="K=V", help="set a variable inside (repeatable)")
-    p.add_argument("--ro-bind", action="append", metavar="SRC[:DST]", help="bind a host path read-only")
-    p.add_argument("--bind", action="append", metavar="SRC[:DST]", help="bind a host path read-write")
-    p.add_argument("--network", choices=("none", "loopback", "host"), help="network mode")
-    p.add_argument("--stdin-file", metavar="FILE", help="feed this file to the command's stdin")
-    p.add_argument("--shell", action="store_true", help="run CMD with /bin/sh -c inside the sandbox")
-    p.add_argument("--json", action="store_true", help="print the Result as JSON instead of streaming output")
-    p.add_argument("--trace", action="store_true", help="record the cost of each child setup step")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
+    from .cli import RUN_DEFAULTS, RUN_OPTIONS, option_attribute
+
+    actions = {"value": "store", "list": "append", "flag": "store_true"}
+    for names, kind, choices, metavar, help_text in RUN_OPTIONS:
+        kw: dict[str, Any] = {"action": actions[kind], "help": help_text}
+        if choices is not None:
+            kw["choices"] = choices
+        if metavar is not None:
+            kw["metavar"] = metavar
+        default = RUN_DEFAULTS.get(option_attribute(names))
+        if default is not None:
+            kw["default"] = default
+        p.add_argument(*names, **kw)
 
 
 def command_of(p: argparse.ArgumentParser, ns: Any, usage: str) -> list[str]:

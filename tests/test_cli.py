@@ -192,7 +192,7 @@ _WORDS = ["--profile", "-p", "--timeout", "-t", "--memory", "--cwd", "--env", "-
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_WORDS), max_size=8), st.lists(st.sampled_from(_WORDS), max_size=3))
 def test_plain_run_options_read_as_argparse_reads_them(options: list[str], command: list[str]) -> None:
-    from sandbox.cli import parse_plain_run, parse_run_with_argparse
+    from sandbox.cli import RUN_OPTIONS, option_attribute, parse_plain_run, parse_run_with_argparse
 
     for argv in (options, [*options, "--", "cmd", *command]):
         plain = parse_plain_run(argv)
@@ -200,6 +200,5 @@ def test_plain_run_options_read_as_argparse_reads_them(options: list[str], comma
             continue  # argparse's to parse (or to refuse, with its usage line)
         ns, cmd = parse_run_with_argparse(list(argv))  # a usage error here would be SystemExit: a failure
         assert cmd == plain.command
-        for name in ("profile", "timeout", "memory", "cwd", "stdin_file", "network", "env", "ro_bind", "bind",
-                     "shell", "json", "trace", "debug", "yield_ms"):
+        for name in [*(option_attribute(o[0]) for o in RUN_OPTIONS), "yield_ms"]:
             assert getattr(ns, name) == getattr(plain, name), (argv, name)
