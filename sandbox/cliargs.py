@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 argparse._ = str  # type: ignore[attr-defined]
 argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural  # type: ignore[attr-defined]
 
+
 class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.

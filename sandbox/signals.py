@@ -7,6 +7,7 @@ same calls, taking and giving plain ints.
 
 from __future__ import annotations
 
+import _signal
 from _signal import (  # noqa: F401 - re-exported
     SIG_BLOCK,
     SIG_DFL,
@@ -26,15 +27,8 @@ from _signal import (  # noqa: F401 - re-exported
     sigtimedwait,
 )
 
-
-def _numbers() -> dict[str, int]:
-    import _signal
-
-    return {k: v for k, v in vars(_signal).items()
+_NUMBERS = {k: v for k, v in vars(_signal).items()
             if k.startswith("SIG") and not k.startswith("SIG_") and k.isupper() and isinstance(v, int)}
-
-
-_NUMBERS = _numbers()
 _NAMES: dict[int, str] = {}
 for _value, _key in sorted((v, k) for k, v in _NUMBERS.items()):
     # As signal.Signals names a number with several names (SIGABRT, SIGIOT): the first in order.

@@ -78,9 +78,12 @@ def test_a_stage_that_could_not_clone_fails_the_run_closed(tmp_path, says: str, 
     fake = tmp_path / "stage"
     fake.write_text(f"#!/bin/sh\n{'echo ' + says + ' >&5' if says else 'exit 0'}\n")
     fake.chmod(0o755)
-    r, w = os.pipe2(os.O_CLOEXEC)
-    with pytest.raises(ForkError) as caught:
-        launch._spawn_cloning(str(fake), "sandboxrun-init", [(os.POSIX_SPAWN_DUP2, w, 5)], r, w)
+    null = os.open(os.devnull, os.O_RDONLY)  # a stdin for it, as a run's: copied for the spawn, then closed
+    try:
+        with pytest.raises(ForkError) as caught:
+            launch._spawn_cloning(str(fake), "sandboxrun-init", {0: null})
+    finally:
+        os.close(null)
     assert (caught.value.step, caught.value.errno or 0) == (step, err), caught.value
 
 

@@ -110,18 +110,17 @@ def reset_io_priority() -> None:
     _c()[0].syscall(_SYS_IOPRIO_SET, 1, 0, 0)  # IOPRIO_WHO_PROCESS, ourselves, none
 
 
-def unshare(flags: int) -> None:
-    if hasattr(os, "unshare"):  # Python >= 3.12: no ctypes to load
-        os.unshare(flags)
-        return
+def _unshare_by_ctypes(flags: int) -> None:
     _check(_c()[0].unshare(flags), "unshare")
 
 
-def setns(fd: int, nstype: int = 0) -> None:
-    if hasattr(os, "setns"):
-        os.setns(fd, nstype)
-        return
+def _setns_by_ctypes(fd: int, nstype: int = 0) -> None:
     _check(_c()[0].setns(fd, nstype), "setns")
+
+
+# Python >= 3.12 has both in os: no ctypes to load.
+unshare = getattr(os, "unshare", _unshare_by_ctypes)
+setns = getattr(os, "setns", _setns_by_ctypes)
 
 
 def open_tree(path: str) -> int:

@@ -37,26 +37,15 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
     the stage (and the pid returned is then that of the PID 1 it made, our child too)."""
     memfd = os.memfd_create("sandboxrun-stage", os.MFD_CLOEXEC)
     temps: list[int] = []
-    pid_r = pid_w = -1
     try:
         view = memoryview(program)
         while view:
             view = view[os.write(memfd, view):]
         where = {**fds, 3: memfd}
         if pid1 and stage_clones:
-            pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
-            where[_PIDNS_FD] = pid_w
-        actions = []
-        for target, src in sorted(where.items()):
-            # Each source first goes above every target, so no dup2 overwrites a later source.
-            high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
-            temps.append(high)
-            actions.append((os.POSIX_SPAWN_DUP2, high, target))
-        if _PIDNS_FD not in where:
-            actions.append((os.POSIX_SPAWN_CLOSE, _PIDNS_FD))  # an fd 5 of our caller's would say "clone"
-        if pid_w >= 0:
-            r, w, pid_r, pid_w = pid_r, pid_w, -1, -1  # theirs to close
-            return _spawn_cloning(path, mode, actions, r, w)
+            return _spawn_cloning(path, mode, where)
+        actions = _file_actions(where, temps)
+        actions.append((os.POSIX_SPAWN_CLOSE, _PIDNS_FD))  # an fd 5 of our caller's would say "clone"
         pid = -1
         try:
             with _new_pid_namespace() if pid1 else _no_namespace:
@@ -71,21 +60,36 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
             raise
         return pid
     finally:
-        for fd in (memfd, *temps, pid_r, pid_w):
-            if fd >= 0:
-                os.close(fd)
+        for fd in (memfd, *temps):
+            os.close(fd)
 
 
-def _spawn_cloning(path: str, mode: str, actions: list[tuple[int, ...]], pid_r: int, pid_w: int) -> int:
-    """The stage makes the pid namespace: it clones PID 1 as our child, sends its pid, and exits.
-    Closes `pid_r` and `pid_w`."""
+def _file_actions(where: dict[int, int], temps: list[int]) -> list[tuple[int, ...]]:
+    """dup2 actions putting each fd of `where` at its number; the copies they need go in `temps`."""
+    actions: list[tuple[int, ...]] = []
+    for target, src in sorted(where.items()):
+        # Each source first goes above every target, so no dup2 overwrites a later source.
+        high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
+        temps.append(high)
+        actions.append((os.POSIX_SPAWN_DUP2, high, target))
+    return actions
+
+
+def _spawn_cloning(path: str, mode: str, where: dict[int, int]) -> int:
+    """The stage makes the pid namespace: it clones PID 1 as our child, sends its pid on
+    _PIDNS_FD (or -errno), and exits."""
+    pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
+    copies: list[int] = []
     try:
-        stage = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+        try:
+            actions = _file_actions({**where, _PIDNS_FD: pid_w}, copies)
+            stage = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
+        finally:
+            for fd in (pid_w, *copies):  # the stage's copies alone now: EOF if it ends without a word
+                os.close(fd)
     except OSError as e:
         os.close(pid_r)
         raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
-    finally:
-        os.close(pid_w)  # the stage's copy alone: EOF if it ends without a word
     text = _read_line(pid_r)
     _reap(stage)
     try:
@@ -132,7 +136,7 @@ class _new_pid_namespace:
             os.close(self.own)
 
 
-def _read_line(fd: int, *, close: bool = True) -> str:
+def _read_line(fd: int) -> str:
     data = b""
     try:
         while not data.endswith(b"\n"):
@@ -141,8 +145,7 @@ def _read_line(fd: int, *, close: bool = True) -> str:
                 break
             data += chunk
     finally:
-        if close:
-            os.close(fd)
+        os.close(fd)
     return data.decode(errors="replace").strip()
 
 
