@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import IO, Any
 
 from .errors import InputError, SandboxError
+from .isolation.cgroups import Slots
 from .profile import Profile, load
 from .record import field, fields, record
 from .result import Result
@@ -116,7 +117,7 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
     return rid, d
 
 
-def _run_one(pos: int, req: Any, profile: Profile) -> BatchItem:
+def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None) -> BatchItem:
     from .supervisor import run
 
     if isinstance(req, _Invalid):
@@ -126,7 +127,7 @@ def _run_one(pos: int, req: Any, profile: Profile) -> BatchItem:
         rid, kw = _as_kwargs(req)
         if kw.get("profile") is None:
             kw["profile"] = profile
-        res = run(kw.pop("command"), **kw)
+        res = run(kw.pop("command"), cgroup_slots=slots, **kw)
     except SandboxError as e:
         return BatchError(pos, str(e), pos if rid is None else rid)
     except Exception as e:  # noqa: BLE001 - one broken request must not end the batch
@@ -163,17 +164,19 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
 
 def _stream(items: Iterator[tuple[int, Any]], workers: int, ordered: bool, prof: Profile) -> Iterator[BatchItem]:
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
+    slots = Slots()  # the CPU and pids cgroups, kept from one run to the next (isolation/cgroups.py)
     try:
         if ordered:
-            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof)
+            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof, slots)
         else:
-            yield from _unordered(pool, items, workers * 2, prof)
+            yield from _unordered(pool, items, workers * 2, prof, slots)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        slots.close()
 
 
 def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-             prof: Profile) -> Iterator[BatchItem]:
+             prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
     pending: collections.deque[Future[BatchItem]] = collections.deque()
     more = True
     while True:
@@ -182,14 +185,14 @@ def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window:
             if nxt is None:
                 more = False
             else:
-                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof))
+                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
         if not pending:
             return
         yield pending.popleft().result()
 
 
 def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-               prof: Profile) -> Iterator[BatchItem]:
+               prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
     running: set[Future[BatchItem]] = set()
     more = True
     while True:
@@ -198,7 +201,7 @@ def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], windo
             if nxt is None:
                 more = False
             else:
-                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof))
+                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
         if not running:
             return
         done, running = wait(running, return_when=FIRST_COMPLETED)

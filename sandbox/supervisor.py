@@ -120,6 +120,7 @@ class Request:
     pty_master: int | None = None  # read instead of the stdout pipe when pty_fd is set
     on_started: Callable[[int], None] | None = None  # called with the init's host pid once the command runs
     forward_all: bool = False  # on_stdout/on_stderr get every byte, not only the captured ones
+    cgroup_slots: cgroups.Slots | None = None  # a batch's: the CPU and pids cgroups, reused run after run
 
 
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
@@ -488,6 +489,7 @@ def execute(req: Request) -> Result:
     argv = req.argv
     check_size(argv, req.env)
     cg: cgroups.RunCgroup | None = None
+    slot: cgroups.Slot | None = None
     cg_error: str | None = None
     work: _Workdir | None = None
     lease = None
@@ -518,9 +520,11 @@ def execute(req: Request) -> Result:
             # gives the whole tree's CPU time, and v1 needs no cpuacct hierarchy for it.
             whole_tree = plan.pid_namespace and getattr(forker, "reaps_pid1", False)
             try:
-                cg = cgroups.detect().create(cgroups.CgroupLimits(
+                backend = cgroups.detect()
+                slot = req.cgroup_slots.take(backend) if req.cgroup_slots is not None else None
+                cg = backend.create(cgroups.CgroupLimits(
                     prof.limits.memory, prof.limits.processes, prof.limits.cpus,
-                    freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree))
+                    freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree), slot)
             except OSError as e:
                 cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
                 if prof.cgroup == "required":
@@ -638,6 +642,8 @@ def execute(req: Request) -> Result:
                 cg.remove()
             except OSError:
                 pass
+        if slot is not None and req.cgroup_slots is not None:
+            req.cgroup_slots.give_back(slot)  # lent again only if nothing of this run is in it
         if lease is not None:
             if cg is None and not plan_pid_namespace:  # nothing else can find what it left running
                 from .isolation.uids import kill_processes_of
@@ -995,6 +1001,9 @@ def run(
     on_stdout = overrides.pop("on_stdout", None)
     on_stderr = overrides.pop("on_stderr", None)
     stdin_fd = overrides.pop("stdin_fd", None)
+    cgroup_slots = overrides.pop("cgroup_slots", None)
+    if cgroup_slots is not None and not isinstance(cgroup_slots, cgroups.Slots):
+        raise InputError(f"cgroup_slots: expected sandbox.isolation.cgroups.Slots, got {type(cgroup_slots).__name__}")
     prof = profile if isinstance(profile, Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
     argv = to_argv(command, shell)
@@ -1019,5 +1028,5 @@ def run(
                           duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,
-                  on_stdout=on_stdout, on_stderr=on_stderr, trace=trace)
+                  on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots)
     return execute(req)

@@ -107,6 +107,27 @@ def test_bad_requests_become_errors_and_the_batch_goes_on(isolated) -> None:
                                  "error": errs[0].error}
 
 
+def test_a_batch_lends_its_cpu_and_pids_cgroups_run_after_run_and_leaves_none(contained) -> None:
+    """The cgroups that carry the CPU and process caps are kept from one run of a batch to the
+    next (isolation/cgroups.py, Slots); each run's limits and pids-limit report are its own,
+    and nothing of the batch's is left once it has ended."""
+    from sandbox.leaks import runner_cgroups
+
+    reqs = [{"command": "for i in 1 2 3 4 5 6 7 8; do sleep 0.2 & done; wait", "shell": True, "processes": 4},
+            {"command": ["true"], "processes": 4},
+            {"command": "(setsid sleep 30 &); sleep 30", "shell": True, "timeout": 0.3},
+            {"command": ["true"], "cpus": 0.5}]
+    batch = run_many(reqs, concurrency=1)
+    first = next(batch)
+    during = runner_cgroups(os.getpid())
+    rest = list(batch)
+    assert [r.status for r in (first, *rest)] == ["nonzero_exit", "ok", "timeout", "ok"], (first, rest)
+    assert first.usage.pids_limit_hit is True and rest[0].usage.pids_limit_hit is False
+    if first.isolation.cgroup == "v1":  # one slot (concurrency 1): a directory in the cpu and pids hierarchies
+        assert len([d for d in during if d.endswith("-slot")]) == 2, during
+    assert runner_cgroups(os.getpid()) == []
+
+
 def test_bad_arguments_fail_at_the_call() -> None:
     with pytest.raises(InputError, match="concurrency"):
         run_many([], concurrency=0)

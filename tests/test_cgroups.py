@@ -698,3 +698,156 @@ def test_a_supervisor_leaves_a_live_run_of_a_caller_in_another_pid_namespace_alo
     finally:
         ns.kill()
         ns.wait()
+
+
+# ---------------------------------------------------------------------------- a batch's slots
+
+
+def test_v2_slot_carries_pids_and_cpu_and_each_run_nests_below_it(fake_v2: Path) -> None:
+    backend = V2Backend(str(fake_v2))
+    slots = cgroups.Slots()
+    slot = slots.take(backend)
+    assert slot is not None and slot.version == "v2"
+    caps = Path(slot.dirs[""])
+    assert caps.parent == fake_v2 and caps.name.endswith("-slot")
+    assert "memory" in (caps / "cgroup.subtree_control").read_text().split()  # the run's own below it
+    (caps / "pids.events").write_text("max 3\n")  # the pids limit was hit before this run...
+    cg = backend.create(CgroupLimits(memory=64 * 2**20, processes=16, cpus=0.5), slot)
+    run = Path(cg.dirs[0])
+    assert run.parent == caps and cg.shared == []
+    assert (run / "memory.max").read_text() == str(64 * 2**20)
+    assert (caps / "pids.max").read_text() == "16" and (caps / "cpu.max").read_text() == "50000 100000"
+    assert cg.stats().pids_max_hit is False  # ...not by it: the counter never resets, so it counts from its start
+    cg.remove()
+    assert not run.exists() and caps.exists()
+    slots.give_back(slot)
+    # The next run of the batch gets the same slot, with its own limits written (none: unlimited).
+    again = slots.take(backend)
+    assert again is slot
+    cg2 = backend.create(CgroupLimits(memory=None, processes=None, cpus=None), again)
+    assert (caps / "pids.max").read_text() == "max" and (caps / "cpu.max").read_text() == "max 100000"
+    assert cg2.pids_max_base == 3
+    (caps / "pids.events").write_text("max 4\n")
+    assert cg2.stats().pids_max_hit is True
+    cg2.remove()
+    slots.give_back(again)
+    slots.close()
+    assert [p for p in fake_v2.iterdir() if p.is_dir()] == []
+
+
+def test_a_slot_given_back_with_a_run_left_in_it_is_never_lent_again(fake_v2: Path) -> None:
+    backend = V2Backend(str(fake_v2))
+    slots = cgroups.Slots()
+    slot = slots.take(backend)
+    assert slot is not None
+    cg = backend.create(CgroupLimits(memory=None, processes=8, cpus=None), slot)
+    Path(cg.procs_files[0]).write_text(f"{os.getpid() + 10**7}\n")  # a process of the run still there
+    slots.give_back(slot)  # (as if its removal had failed)
+    assert not Path(slot.dirs[""]).exists(), "emptied (cgroup.kill) and removed, run cgroup and all"
+    fresh = slots.take(backend)
+    assert fresh is not None and fresh is not slot
+    slots.close()
+    assert [p for p in fake_v2.iterdir() if p.is_dir()] == []
+
+
+def test_slots_fall_back_to_per_run_cgroups_when_none_can_be_made(fake_v2: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = V2Backend(str(fake_v2))
+    tries: list[int] = []
+
+    def refuse() -> None:
+        tries.append(1)
+        raise OSError(errno.EINVAL, "memory not available for children")
+
+    monkeypatch.setattr(backend, "make_slot", refuse)
+    slots = cgroups.Slots()
+    assert slots.take(backend) is None and slots.take(backend) is None
+    assert tries == [1], "one failed try per batch, not one per run"
+
+
+def test_v2_stale_slot_sweep_removes_the_run_below_it(fake_v2: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    slot = fake_v2 / f"sandboxrun-{dead.pid}-n{cgroups.own_pid_namespace():x}-tdead-3-slot"
+    os.mkdir(slot)
+    os.mkdir(slot / f"sandboxrun-{dead.pid}-n{cgroups.own_pid_namespace():x}-tdead-4")
+    assert V2Backend(str(fake_v2)).sweep_stale() == 1
+    assert not slot.exists()
+
+
+FORK_PAST_LIMIT = """
+import os, sys, time
+sys.stdin.readline()
+for _ in range(6):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+    except OSError:  # EAGAIN: the cgroup's pids.max
+        break
+print(flush=True)
+time.sleep(30)
+"""
+
+
+@needs_root
+def test_v1_real_slot_is_reused_with_fresh_limits_and_leaves_nothing() -> None:
+    v1 = _real_v1()
+    if not {"memory", "pids", "cpu"} <= set(v1):
+        pytest.skip("no cgroup v1 memory+pids+cpu hierarchies on this host")
+    backend = V1Backend(v1)
+    slots = cgroups.Slots()
+    victim = None
+    try:
+        slot = slots.take(backend)
+        assert slot is not None and set(slot.dirs) == {"cpu", "pids"}
+        limits = CgroupLimits(memory=64 * 2**20, processes=4, cpus=0.5, freezer=False, cpu_usage=False)
+        cg = backend.create(limits, slot)
+        assert set(cg.shared) == set(slot.dirs.values()) and set(cg.shared) <= set(cg.dirs)
+        assert cg._file("pids.max") == os.path.join(slot.dirs["pids"], "pids.max")
+        assert Path(slot.dirs["cpu"], "cpu.cfs_quota_us").read_text().strip() == "50000"
+        own = [d for d in cg.dirs if d not in cg.shared]
+        assert len(own) == 1 and own[0].startswith(v1["memory"])  # the memory cgroup stays the run's own
+        # A process of the run, in every one of its cgroups, forking past its pids limit.
+        victim = subprocess.Popen([sys.executable, "-c", FORK_PAST_LIMIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for f in cg.procs_files:
+            cgroups._write(f, str(victim.pid))
+        assert victim.stdin and victim.stdout
+        victim.stdin.write(b"\n")
+        victim.stdin.flush()
+        victim.stdout.readline()
+        assert cg.stats().pids_max_hit is True
+        cg.kill_all()
+        victim.wait(timeout=10)
+        cg.remove()
+        assert not os.path.exists(own[0]) and all(os.path.isdir(d) for d in slot.dirs.values())
+        slots.give_back(slot)
+        # The next run: the same slot, its own quota, and the earlier run's pids hit is not its own.
+        again = slots.take(backend)
+        assert again is slot
+        cg2 = backend.create(CgroupLimits(memory=None, processes=64, cpus=1.0, freezer=False, cpu_usage=False), again)
+        assert Path(slot.dirs["cpu"], "cpu.cfs_quota_us").read_text().strip() == "100000"
+        assert Path(slot.dirs["pids"], "pids.max").read_text().strip() == "64"
+        assert cg2.stats().pids_max_hit is False
+        cg2.remove()
+        slots.give_back(again)
+    finally:
+        if victim is not None and victim.poll() is None:
+            victim.kill()
+            victim.wait()
+        slots.close()
+    assert not glob.glob(f"/sys/fs/cgroup/*/sandboxrun-{os.getpid()}-*")
+
+
+@needs_root
+def test_v1_slot_is_not_used_for_a_hierarchy_the_run_needs_to_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu and cpuacct mounted together (systemd's layout): a run that needs its own cpuacct
+    (no pid namespace) gets its own cgroup there, not the slot's."""
+    backend = V1Backend({"memory": "/m", "pids": "/p", "cpu": "/c", "cpuacct": "/c"})
+    slot = cgroups.Slot("v1", {"cpu": "/c/s", "pids": "/p/s"})
+    limits = CgroupLimits(memory=None, processes=8, cpus=1.0, freezer=False, cpu_usage=True)
+    assert backend._from_slot(limits, slot) == {"pids": "/p/s"}
+    limits = CgroupLimits(memory=None, processes=8, cpus=1.0, freezer=False, cpu_usage=False)
+    assert backend._from_slot(limits, slot) == {"cpu": "/c/s", "pids": "/p/s"}
+    limits = CgroupLimits(memory=None, processes=None, cpus=None, freezer=False, cpu_usage=False)
+    assert backend._from_slot(limits, slot) == {}  # no cap asked for: nothing joined
