@@ -9,6 +9,9 @@ out in input order; `ordered=False` yields each as it finishes.
 
 A request that cannot be run (malformed JSON, unknown key, invalid value) becomes
 a `BatchError` in its place and the batch goes on.
+
+The batch keeps the cgroups that carry its runs' CPU and process caps from one run to the
+next (isolation/cgroups.py, `Slots`) and removes them when it ends.
 """
 
 from __future__ import annotations
