@@ -798,11 +798,13 @@ def test_v1_real_slot_is_reused_with_fresh_limits_and_leaves_nothing() -> None:
     backend = V1Backend(v1)
     slots = cgroups.Slots()
     victim = None
+    made: list[cgroups.RunCgroup] = []  # removed however the test ends
     try:
         slot = slots.take(backend)
         assert slot is not None and set(slot.dirs) == {"cpu", "pids"}
         limits = CgroupLimits(memory=64 * 2**20, processes=4, cpus=0.5, freezer=False, cpu_usage=False)
         cg = backend.create(limits, slot)
+        made.append(cg)
         assert set(cg.shared) == set(slot.dirs.values()) and set(cg.shared) <= set(cg.dirs)
         assert cg._file("pids.max") == os.path.join(slot.dirs["pids"], "pids.max")
         assert Path(slot.dirs["cpu"], "cpu.cfs_quota_us").read_text().strip() == "50000"
@@ -826,6 +828,7 @@ def test_v1_real_slot_is_reused_with_fresh_limits_and_leaves_nothing() -> None:
         again = slots.take(backend)
         assert again is slot
         cg2 = backend.create(CgroupLimits(memory=None, processes=64, cpus=1.0, freezer=False, cpu_usage=False), again)
+        made.append(cg2)
         assert Path(slot.dirs["cpu"], "cpu.cfs_quota_us").read_text().strip() == "100000"
         assert Path(slot.dirs["pids"], "pids.max").read_text().strip() == "64"
         assert cg2.stats().pids_max_hit is False
@@ -835,6 +838,8 @@ def test_v1_real_slot_is_reused_with_fresh_limits_and_leaves_nothing() -> None:
         if victim is not None and victim.poll() is None:
             victim.kill()
             victim.wait()
+        for c in made:
+            c.remove()
         slots.close()
     assert not glob.glob(f"/sys/fs/cgroup/*/sandboxrun-{os.getpid()}-*")
 
