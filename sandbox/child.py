@@ -140,6 +140,18 @@ def _reset_process_state() -> None:
     reset_io_priority()
 
 
+def _supervised_or_exit(report_fd: int) -> None:
+    """The parent-death signal covers a supervisor that dies from now on, not one that died
+    before it was armed: then no signal comes and the run would outlive its timeout. The
+    supervisor reads the report pipe for the whole run; a pipe without readers polls POLLERR."""
+    import select
+
+    p = select.poll()
+    p.register(report_fd, select.POLLOUT)
+    if any(ev & (select.POLLERR | select.POLLNVAL) for _fd, ev in p.poll(0)):
+        os._exit(125)
+
+
 def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str, float]) -> None:
     step = [""]
     t = time.perf_counter()
@@ -167,6 +179,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         prctl.set_proctitle("sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
         mark("pdeathsig")
         prctl.set_pdeathsig(parent_death_signal(plan))  # (getppid() is 0 here: the parent is outside our pid ns)
+        _supervised_or_exit(report_fd)
         mark("namespaces")
         from .isolation.syscalls import CLONE_NEWCGROUP, CLONE_NEWNS, unshare
 
@@ -256,6 +269,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         identity.clear_capabilities()
         # The kernel clears the parent-death signal when credentials change: arm it again.
         prctl.set_pdeathsig(parent_death_signal(plan))
+        _supervised_or_exit(report_fd)
         mark("no_new_privs")
         identity.no_new_privs()
         if landlock_rs >= 0:

@@ -385,3 +385,35 @@ def test_a_long_lived_caller_builds_each_view_from_its_template(monkeypatch: pyt
     finally:
         if supervisor._native is not None:
             supervisor._native.close()
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts(
+        monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """A supervisor SIGKILLed between the child's spawn and its PR_SET_PDEATHSIG would send no
+    signal, and the run would go on with no one to end it at its timeout. The child checks its
+    report pipe right after arming the signal: no reader left, no run. Here the child gets a
+    report pipe whose reader is already closed (Landlock off: its report line would otherwise
+    end the child by SIGPIPE before the command, hiding the check)."""
+    from sandbox import forker as forker_mod
+    from sandbox import record as records
+    from sandbox.native import launch
+
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    cls = launch.NativeForker if path == "native" else forker_mod.ServerForker
+    real = cls.spawn
+
+    def with_dead_reader(self, plan, fds):  # noqa: ANN001, ANN202
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.close(r)  # the supervisor that would read it: gone
+        try:
+            return real(self, plan, records.replace(fds, report=w))
+        finally:
+            os.close(w)
+
+    monkeypatch.setattr(cls, "spawn", with_dead_reader)
+    from sandbox.profile import load
+
+    no_landlock = records.replace(load("strict"), landlock="off")
+    r = sandbox.run(["sh", "-c", "echo ran"], profile=no_landlock)
+    assert "ran" not in r.stdout and r.status != "ok", r

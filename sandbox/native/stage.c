@@ -30,6 +30,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -630,6 +631,15 @@ static void reap_the_rest(void) {
     alarm(0);
 }
 
+/* The parent-death signal covers a supervisor that dies from here on, not one that died
+   between our spawn and this step: the signal would never come, and the run would go on
+   with no one to end it at its timeout. Its report pipe tells: the supervisor holds the
+   reading end for the whole run, and a pipe whose readers are all gone polls POLLERR. */
+static void supervised_or_exit(void) {
+    struct pollfd p = {.fd = REPORT_FD, .events = POLLOUT};
+    if (poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLNVAL))) _exit(125);
+}
+
 static void reset_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -809,7 +819,7 @@ static void run(void) {
         case 'F': fail(num(&op, 0), "%s", a1); break;
         case 's': CHECK(setsid(), "setsid"); break;
         case 'n': prctl(PR_SET_NAME, a0, 0, 0, 0); break;
-        case 'd': CHECK(prctl(PR_SET_PDEATHSIG, num(&op, 0), 0, 0, 0), "pdeathsig"); break;
+        case 'd': CHECK(prctl(PR_SET_PDEATHSIG, num(&op, 0), 0, 0, 0), "pdeathsig"); supervised_or_exit(); break;
         case 'u': CHECK(unshare(num(&op, 0)), "unshare"); break;
         case 'e': CHECK(setns(num(&op, 0), num(&op, 1)), "setns"); break;
         case 'c': CHECK(chdir(a0), "chdir '%s'", a0); break;
