@@ -135,7 +135,6 @@ class RunCgroup:
     # controller -> its directory: v1 always; v2 only where a slot carries pids and cpu
     by_controller: dict[str, str] = field(default_factory=dict)
     shared: list[str] = field(default_factory=list)  # of `dirs`: the slot's, left for the next run
-    slot: Slot | None = None
     pids_max_base: int = 0  # a slot's pids.events "max" before this run (the counter never resets)
 
     def add(self, pid: int) -> None:
@@ -500,7 +499,7 @@ class V1Backend(Backend):
             slot_dirs = list(dict.fromkeys(shared.values()))
             cg = RunCgroup("v1", dirs + slot_dirs, [os.path.join(d, "cgroup.procs") for d in dirs + slot_dirs],
                            {**{c: os.path.join(base, name) for c, base in wanted.items()}, **shared},
-                           shared=slot_dirs, slot=slot)
+                           shared=slot_dirs)
             mem = cg._file("memory.limit_in_bytes")
             if limits.memory is not None and mem:
                 _write(mem, str(limits.memory))
@@ -590,7 +589,7 @@ class V2Backend(Backend):
         caps = slot.dirs[""] if slot is not None else None
         d = os.path.join(caps or self.parent, _name())
         os.mkdir(d, 0o755)
-        cg = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")], slot=slot,
+        cg = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")],
                        by_controller={"pids": caps, "cpu": caps} if caps else {})
         try:
             if limits.memory is not None:
