@@ -373,3 +373,28 @@ def test_service_and_protocol_names_resolve() -> None:
         pytest.skip("the host has no /etc/services")
     r = sandbox.run(py("import socket; print(socket.getservbyname('http', 'tcp'), socket.getprotobyname('tcp'))"))
     assert (r.status, r.stdout) == ("ok", "80 6\n"), r
+
+
+def _debian_java_conf() -> str | None:
+    """The /etc directory a Debian/Ubuntu OpenJDK keeps its conf/ in (conf/* link there)."""
+    import shutil
+
+    java = shutil.which("java")
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(java))), "conf") if java else ""
+    for root, _dirs, files in os.walk(conf):
+        for f in files:
+            target = os.path.realpath(os.path.join(root, f))
+            if target.startswith("/etc/java-"):
+                return "/".join(target.split("/")[:3])
+    return None
+
+
+def test_java_finds_its_configuration() -> None:
+    """Debian's OpenJDK links its conf/ (java.security: no Java program starts without it) into
+    /etc/java-N-openjdk, which the view must carry like the other static /etc entries."""
+    etc = _debian_java_conf()
+    if etc is None:
+        pytest.skip("no Debian/Ubuntu OpenJDK with its configuration in /etc")
+    src = "public class A { public static void main(String[] a) { System.out.println(6 * 7); } }"
+    r = sandbox.run(["sh", "-c", 'printf %s "$1" > A.java && java A.java', "sh", src], timeout=120)
+    assert (r.status, r.stdout) == ("ok", "42\n"), (etc, r.stderr[-2000:])
