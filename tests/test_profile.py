@@ -326,3 +326,37 @@ def test_shipped_profiles_pass_no_credential_shaped_variables() -> None:
         prof = load(str(f))
         bad = [n for n in prof.env_passthrough if looks_secret.search(n)]
         assert not bad, f"{f.name} passes {bad} to the command"
+
+
+def _asan_builds(tmp_path: Path) -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        return False
+    (tmp_path / "probe.c").write_text("int main(void) { return 0; }\n")
+    p = subprocess.run(["gcc", "-fsanitize=address", "probe.c", "-o", "probe"], cwd=tmp_path,
+                       capture_output=True, timeout=60)
+    return p.returncode == 0
+
+
+def test_ci_runs_sanitizer_builds(tmp_path: Path) -> None:
+    """A test suite's ASan build reserves terabytes of address space for its shadow memory: the ci
+    profile caps real memory with its cgroup (required), not with RLIMIT_AS, which would abort it."""
+    import sandbox
+
+    if not _asan_builds(tmp_path):
+        pytest.skip("gcc cannot build with -fsanitize=address here")
+    (tmp_path / "leaky.c").write_text(
+        '#include <stdio.h>\n#include <stdlib.h>\n'
+        'int main(void) { char *p = malloc(8); p[0] = 42; printf("%d\\n", p[0]); free(p); return 0; }\n')
+    (tmp_path / "overflow.c").write_text(
+        '#include <stdlib.h>\nint main(void) { char *p = malloc(8); p[8] = 1; free(p); return 0; }\n')
+    r = sandbox.run(["sh", "-c", "gcc -fsanitize=address leaky.c -o leaky && ./leaky"], profile="ci",
+                    cwd=tmp_path, timeout=120)
+    assert (r.status, r.stdout) == ("ok", "42\n"), r.stderr[-1500:]
+    r = sandbox.run(["sh", "-c", "gcc -fsanitize=address overflow.c -o overflow && ./overflow"], profile="ci",
+                    cwd=tmp_path, timeout=120)
+    assert r.status == "nonzero_exit" and "heap-buffer-overflow" in r.stderr, r.stderr[-1500:]
+    ci = load("ci").limits
+    assert ci.address_space is None and ci.memory == 4 * 2**30  # the cgroup still caps real memory
