@@ -360,3 +360,14 @@ def test_ci_runs_sanitizer_builds(tmp_path: Path) -> None:
     assert r.status == "nonzero_exit" and "heap-buffer-overflow" in r.stderr, r.stderr[-1500:]
     ci = load("ci").limits
     assert ci.address_space is None and ci.memory == 4 * 2**30  # the cgroup still caps real memory
+
+
+def test_profiles_that_may_run_without_a_cgroup_keep_a_small_address_space() -> None:
+    """Where the cgroup is optional, RLIMIT_AS may be the only memory cap there is; strict's
+    64 GiB is a second line behind a cgroup it requires."""
+    for name in builtin_names():
+        p = load(name)
+        if p.cgroup != "required":
+            assert p.limits.address_space is not None and p.limits.address_space <= 4 * 2**30, name
+        else:
+            assert p.limits.memory is not None, name

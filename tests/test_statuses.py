@@ -190,3 +190,27 @@ def test_filling_the_fresh_workdir_hits_enospc_not_the_host_disk(isolated) -> No
     r = sandbox.run(["sh", "-c", "i=0; while [ $i -lt 7 ] && head -c 50000000 /dev/zero > f$i; do i=$((i+1)); done;"
                                  " echo $i"], workdir_size="128MiB", timeout=20)
     assert r.stdout.strip() == "2" and "No space left on device" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_a_huge_sparse_mapping_is_allowed_and_touching_it_is_memory_limit(contained) -> None:
+    # strict lets a run reserve far more address space than its memory (V8 reserves ~10 GiB per
+    # WebAssembly memory, a JVM its heap): the cgroup caps what is touched, page tables included.
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() == "2":
+            pytest.skip("this host accounts every private mapping (vm.overcommit_memory = 2)")
+    code = ("import mmap\n"
+            "m = mmap.mmap(-1, 48 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)\n"  # MAP_NORESERVE
+            "print('mapped', flush=True)\nfor i in range(0, 48 << 30, 2 << 20):\n    m[i] = 1\nprint('touched')")
+    r = sandbox.run(py(code), memory="64MiB", timeout=30)
+    assert r.stdout == "mapped\n", r
+    assert r.status == "memory_limit" and r.usage.oom_kills >= 1, r
+
+
+def test_node_instantiates_webassembly_memories() -> None:
+    import shutil
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    js = "const a = []; for (let i = 0; i < 4; i++) a.push(new WebAssembly.Memory({initial: 1})); console.log(a.length)"
+    r = sandbox.run(["node", "-e", js], timeout=30)
+    assert (r.status, r.stdout) == ("ok", "4\n"), r.stderr[-1000:]
