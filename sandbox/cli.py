@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import sys
 
 from . import signals
@@ -237,6 +238,17 @@ def parse_run_with_argparse(argv: list[str]) -> tuple[argparse.Namespace, list[s
     return ns, command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")
 
 
+def _passes_stdin() -> bool:
+    """Our stdin is a pipe, socket or file: the command reads a copy of it. A terminal is not
+    passed on (an interactive program wants `sandboxrun start --pty`), nor a directory or a
+    device; the command then reads an empty stdin, as before."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
+
+
 def cmd_run(argv: list[str]) -> int:
     ns, cmd = _parse_run(argv)
     kw = run_kwargs(ns)
@@ -256,6 +268,8 @@ def cmd_run(argv: list[str]) -> int:
 
         kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")  # no planted link followed
         os.set_blocking(kw["stdin_fd"], True)
+    elif _passes_stdin():
+        kw["stdin_from"] = 0  # copied in: `echo x | sandboxrun -- cat` as with any wrapper command
     if not ns.json:
         kw["on_stdout"] = _write_through(sys.stdout.buffer)
         kw["on_stderr"] = _write_through(sys.stderr.buffer)

@@ -113,6 +113,9 @@ class Request:
     env: dict[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     stdin_fd: int | None = None  # an open fd to read from instead (CLI --stdin-file)
+    # A pipe or socket of the caller's, copied to the command's stdin until its EOF: the
+    # command never holds it (nor its file status flags, its peer, or its other end).
+    stdin_from: int | None = None
     on_stdout: Callable[[bytes], None] | None = None
     on_stderr: Callable[[bytes], None] | None = None
     trace: bool = False
@@ -552,7 +555,7 @@ def execute(req: Request) -> Result:
             out_w_, err_w_ = out_w, err_w
             if req.stdin_fd is not None:
                 in_r = req.stdin_fd
-            elif req.stdin:
+            elif req.stdin or req.stdin_from is not None:
                 in_r, stdin_w = _pipe()
                 opened += [in_r, stdin_w]
             else:  # an empty pipe, not the host's /dev/null, which /dev/stdin could not reopen
@@ -741,6 +744,55 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         pass
 
 
+def _check_stream(fd: object) -> None:
+    """stdin_from: an open pipe, socket or regular file (a directory, handed in, would be a
+    way out of the view; a terminal or device is not copied)."""
+    if not isinstance(fd, int) or isinstance(fd, bool):
+        raise InputError(f"stdin_from: expected a file descriptor, got {type(fd).__name__}")
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as e:
+        raise InputError(f"stdin_from: fd {fd}: {e.strerror}") from None
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)):
+        raise InputError(f"stdin_from: fd {fd} is not a pipe, a socket or a regular file")
+
+
+class _StdinSource:
+    """The caller's pipe, socket or file, copied in chunks as the command takes them: the
+    command holds only our pipe, never the caller's fd (its flags, offset, peer or path), and
+    at most one chunk (64 KiB) is held here, so a flood waits in the caller's pipe, not in our
+    memory. A pipe or socket is read non-blocking when epoll says so (its file status flags
+    are the caller's again after the run); a file is always ready."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.eof = False
+        self.pollable = not stat.S_ISREG(os.fstat(fd).st_mode)
+        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if self.pollable:
+            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+
+    def read(self) -> memoryview | None:
+        """The next chunk; empty at EOF (or on a read error, which ends the input too);
+        None when there was nothing after all."""
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+        return memoryview(data)
+
+    def restore(self) -> None:
+        if self.pollable:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
+            except OSError:
+                pass
+
+
 def _write_no_sigpipe(fd: int, data: memoryview) -> int:
     """os.write to the command's stdin that cannot kill the caller: a command that does not
     read its stdin closes the pipe, and a caller (or the program embedding Python) may have
@@ -812,9 +864,15 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         sel.register(rep_r, "report")
     sel.register(launched.pidfd, "exit")
     stdin_data = memoryview(req.stdin or b"")
+    source = _StdinSource(req.stdin_from) if req.stdin_from is not None and stdin_w >= 0 else None
     if stdin_w >= 0:
         os.set_blocking(stdin_w, False)
-        sel.register(stdin_w, "stdin", select.EPOLLOUT)
+        if source is not None and source.pollable:
+            sel.register(source.fd, "source")  # the command's pipe is written once there is data
+        else:
+            if source is not None:
+                stdin_data = source.read() or stdin_data  # a file: always ready
+            sel.register(stdin_w, "stdin", select.EPOLLOUT)
     open_streams = {"out", "err", "report"} if watch_report else {"out", "err"}
     deadline = started + lim.timeout if lim.timeout else None
     timed_out = False
@@ -867,20 +925,41 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                 elif what == "exit":
                     sel.unregister(launched.pidfd)
                     exited_at = time.monotonic()
+                elif what == "source":
+                    assert source is not None
+                    chunk = source.read()
+                    if chunk is None:
+                        continue  # (woken, but another reader of the caller's pipe was first)
+                    stdin_data = chunk
+                    sel.unregister(source.fd)
+                    if stdin_data or source.eof:
+                        sel.register(stdin_w, "stdin", select.EPOLLOUT)  # an empty chunk: EOF to pass on
                 elif what == "stdin":
                     try:
-                        n = _write_no_sigpipe(stdin_w, stdin_data[:65536])
+                        n = _write_no_sigpipe(stdin_w, stdin_data[:65536]) if stdin_data else 0
                         stdin_data = stdin_data[n:]
                     except BlockingIOError:
                         continue
                     except OSError:  # EPIPE: the command does not read its stdin
                         stdin_data = stdin_data[:0]
-                    if not stdin_data:
-                        sel.unregister(stdin_w)
-                        os.close(stdin_w)
-                        stdin_w = -1
+                        if source is not None:
+                            source.eof = True  # nothing more of the caller's is read
+                    if stdin_data:
+                        continue
+                    if source is not None and not source.eof:  # the next chunk
+                        if source.pollable:
+                            sel.unregister(stdin_w)
+                            sel.register(source.fd, "source")
+                        else:
+                            stdin_data = source.read() or stdin_data
+                        continue
+                    sel.unregister(stdin_w)
+                    os.close(stdin_w)
+                    stdin_w = -1
     finally:
         sel.close()
+        if source is not None:
+            source.restore()
         if stdin_w >= 0:
             os.close(stdin_w)
         if exited_at is None:
@@ -1001,6 +1080,11 @@ def run(
     on_stdout = overrides.pop("on_stdout", None)
     on_stderr = overrides.pop("on_stderr", None)
     stdin_fd = overrides.pop("stdin_fd", None)
+    stdin_from = overrides.pop("stdin_from", None)
+    if stdin_from is not None and (stdin is not None or stdin_fd is not None):
+        raise InputError("stdin_from: give one of stdin, stdin_fd and stdin_from")
+    if stdin_from is not None:
+        _check_stream(stdin_from)
     cgroup_slots = overrides.pop("cgroup_slots", None)
     if cgroup_slots is not None and not isinstance(cgroup_slots, cgroups.Slots):
         raise InputError(f"cgroup_slots: expected sandbox.isolation.cgroups.Slots, got {type(cgroup_slots).__name__}")
@@ -1027,6 +1111,6 @@ def run(
                           error=verdict.reason, profile=prof.name, isolation=None,
                           duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
-                  env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd,
+                  env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd, stdin_from=stdin_from,
                   on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots)
     return execute(req)

@@ -25,6 +25,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak-long", action="store_true", help="long leak-audit mode")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The CLI passes its stdin on to the command, and every CLI a test starts without input
+    # inherits ours: whatever the test runner left open there (a pipe a CI job never closes)
+    # must not become a command's input. Tests that feed a command give it their own.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
 @pytest.fixture(scope="session")
 def probe() -> sandbox.Result:
     """One real strict run: what this host really applies."""

@@ -131,6 +131,10 @@ LIBRARY: list[Any] = [
     ("over-arg-max-no-filter", ["true", BIG], {"profile": NO_FILTER}, "ARG_MAX"),
     ("env-over-arg-max", ["true"], {"env": {"BIG": BIG}}, "ARG_MAX"),
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
+    ("stdin-from-wrong-type", ["cat"], {"stdin_from": "0"}, "stdin_from: expected a file descriptor"),
+    ("stdin-from-closed", ["cat"], {"stdin_from": 1 << 20}, "stdin_from: fd 1048576"),
+    ("stdin-from-device", ["cat"], {"stdin_from": 0}, "not a pipe, a socket or a regular file"),  # /dev/null
+    ("stdin-from-and-stdin", ["cat"], {"stdin_from": 0, "stdin": b"x"}, "give one of"),
     ("bind-over-workdir", ["true"], {"bind": "/tmp:/work"}, "is the workdir"),
     ("ro-bind-over-tmp", ["true"], {"ro_bind": "/usr:/tmp"}, "/tmp"),
     ("ro-bind-file-over-dir", ["true"], {"ro_bind": "/etc/hostname:/usr"}, "a directory is bound"),  # was a 125
@@ -147,6 +151,33 @@ def test_library_rejects_with_a_named_error(command: Any, kwargs: dict[str, Any]
     msg = str(ei.value)
     assert needle.lower() in msg.lower(), msg
     assert "\n" not in msg and len(msg) < 1000, msg
+
+
+def test_a_directory_is_never_a_commands_stdin() -> None:
+    # A directory fd in the sandbox would be a way out of its view (openat from it).
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(SandboxError, match="stdin_from: fd .* is not a pipe"):
+            sandbox.run(["cat"], stdin_from=fd)
+    finally:
+        os.close(fd)
+
+
+def test_stdin_from_a_socket_is_copied_not_handed_over(isolated) -> None:
+    import socket
+    import threading
+
+    ours, theirs = socket.socketpair()
+    t = threading.Thread(target=lambda: (ours.sendall(b"x" * 300_000), ours.shutdown(socket.SHUT_WR)))
+    t.start()
+    try:
+        r = sandbox.run(["sh", "-c", "wc -c; readlink /proc/self/fd/0"], stdin_from=theirs.fileno())
+    finally:
+        t.join()
+        ours.close()
+        theirs.close()
+    count, link = r.stdout.split()
+    assert (r.status, count) == ("ok", "300000") and link.startswith("pipe:"), r
 
 
 def test_command_that_cannot_be_executed_is_127_or_126_with_a_message(isolated) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,68 @@ def test_stdin_file(tmp_path) -> None:
     f.write_bytes(b"abc")
     r = cli("--stdin-file", str(f), "--", "cat")
     assert r.stdout == b"abc"
+
+
+def test_piped_stdin_reaches_the_command() -> None:
+    r = cli("--", "sh", "-c", "cat; echo; readlink /proc/self/fd/0", stdin=b"hello")
+    assert r.returncode == 0, r.stderr
+    data, link = r.stdout.decode().split("\n")[:2]
+    assert data == "hello" and link.startswith("pipe:")
+
+
+def test_a_file_on_stdin_is_copied_from_where_the_caller_is(tmp_path) -> None:
+    # As with any wrapper command, `{ read first; sandboxrun -- cat; } < file` goes on from the
+    # second line; and the command holds a pipe of ours, never the caller's file.
+    f = tmp_path / "lines"
+    f.write_text("one\ntwo\nthree\n")
+    exe = f"{sys.executable} -m sandbox"
+    script = f'{{ read -r first; {exe} -- sh -c "cat; readlink /proc/self/fd/0"; }} < {f}'
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("two\nthree\npipe:"), r.stdout
+    assert str(tmp_path) not in r.stdout
+
+
+def test_a_stdin_flood_ends_with_the_command_and_leaves_the_callers_pipe_as_it_was() -> None:
+    rfd, wfd = os.pipe()
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                os.write(wfd, b"y" * 65536)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        r = subprocess.run([sys.executable, "-m", "sandbox", "--", "head", "-c", "3"], stdin=rfd,
+                           capture_output=True, timeout=60, env=env)
+        assert (r.returncode, r.stdout) == (0, b"yyy"), r.stderr
+        r = subprocess.run([sys.executable, "-m", "sandbox", "--timeout", "1", "--", "sleep", "10"], stdin=rfd,
+                           capture_output=True, timeout=60, env=env)
+        assert r.returncode == 124, r.stderr  # an unread flood holds nothing up
+        assert os.get_blocking(rfd)  # O_NONBLOCK, set for the copy, is taken off again
+    finally:
+        stop.set()
+        os.close(rfd)
+        t.join()
+        os.close(wfd)
+
+
+def test_a_terminal_on_stdin_is_not_passed_on() -> None:
+    master, slave = os.openpty()
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        r = subprocess.run([sys.executable, "-m", "sandbox", "--", "sh", "-c", "cat; readlink /proc/self/fd/0"],
+                           stdin=slave, capture_output=True, timeout=60, env=env)
+        assert r.returncode == 0 and r.stdout.startswith(b"pipe:"), (r.stdout, r.stderr)
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 @pytest.mark.parametrize("args, needle", [
