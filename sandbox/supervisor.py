@@ -113,8 +113,8 @@ class Request:
     env: dict[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     stdin_fd: int | None = None  # an open fd to read from instead (CLI --stdin-file)
-    # A pipe or socket of the caller's, copied to the command's stdin until its EOF: the
-    # command never holds it (nor its file status flags, its peer, or its other end).
+    # A pipe, socket or file of the caller's, copied to the command's stdin until its end: the
+    # command never holds it (nor its file status flags, offset, peer or path).
     stdin_from: int | None = None
     on_stdout: Callable[[bytes], None] | None = None
     on_stderr: Callable[[bytes], None] | None = None
