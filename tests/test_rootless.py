@@ -70,11 +70,12 @@ class Tree:
                 f"XDG_CACHE_HOME={self.home / '.cache'}", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
 
     def as_user(self, args: list[str], *, prefix: list[str] | None = None, timeout: float = 120,
-                cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+                cwd: str | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run args as the test user; prefix (e.g. a seccomp wrapper) runs first, as root."""
         cmd = [*(prefix or []), "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                "--reset-env", *self.env(), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or str(self.home))
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or str(self.home),
+                              input=input)
 
 
 def _module_path(name: str) -> Path:
@@ -320,6 +321,13 @@ def test_isolation_suite_passes_rootless(tree: Tree) -> None:
 def test_cli_runs_rootless(tree: Tree) -> None:
     cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", "--", "python3", "-c", "print(6*7)"])
     assert (cp.returncode, cp.stdout) == (0, "42\n"), cp.stderr
+
+
+def test_cli_passes_its_stdin_on_rootless(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", "--", "sh", "-c",
+                       "cat; readlink /proc/self/fd/0"], input="hello\n")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith("hello\npipe:"), cp.stdout
 
 
 def test_cli_strict_names_the_missing_layer(tree: Tree) -> None:
