@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import sys
 
 from . import signals
@@ -241,12 +240,13 @@ def parse_run_with_argparse(argv: list[str]) -> tuple[argparse.Namespace, list[s
 def _passes_stdin() -> bool:
     """Our stdin is a pipe, socket or file: the command reads a copy of it. A terminal is not
     passed on (an interactive program wants `sandboxrun start --pty`), nor a directory or a
-    device; the command then reads an empty stdin, as before."""
+    device; the command then reads an empty stdin."""
+    from .supervisor import copyable_input
+
     try:
-        mode = os.fstat(0).st_mode
+        return copyable_input(os.fstat(0).st_mode)
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
 
 
 def cmd_run(argv: list[str]) -> int:

@@ -744,16 +744,20 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         pass
 
 
+def copyable_input(mode: int) -> bool:
+    """What stdin_from takes (and the CLI passes on): a pipe, socket or regular file. Never a
+    directory (handed in, a way out of the view); a terminal or device is not copied."""
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
+
+
 def _check_stream(fd: object) -> None:
-    """stdin_from: an open pipe, socket or regular file (a directory, handed in, would be a
-    way out of the view; a terminal or device is not copied)."""
     if not isinstance(fd, int) or isinstance(fd, bool):
         raise InputError(f"stdin_from: expected a file descriptor, got {type(fd).__name__}")
     try:
         mode = os.fstat(fd).st_mode
     except OSError as e:
         raise InputError(f"stdin_from: fd {fd}: {e.strerror}") from None
-    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)):
+    if not copyable_input(mode):
         raise InputError(f"stdin_from: fd {fd} is not a pipe, a socket or a regular file")
 
 
