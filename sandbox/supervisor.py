@@ -412,7 +412,7 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
             workdir_idmap=idmap, workdir_fallback="fallback_ids" in extra,
             workdir_id=(work.checked.dev, work.checked.ino) if work.checked else None,
             shm_size=lim.shm_size, hostname=prof.hostname,
-            passwd=f"{name}:x:{uid}:{gid}:sandbox:{inside}:/bin/sh\n"
+            passwd=f"{name}:x:{uid}:{gid}:sandbox:{req.env.get('HOME') or inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
             + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
             group=f"{name}:x:{gid}:\n" + ("" if gid == 0 else "root:x:0:\n") + "nogroup:x:65534:\n",
@@ -442,8 +442,9 @@ def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
 
         bpf = cached_bpf(prof.seccomp)
     env = dict(req.env)
-    if prof.workdir == "same" and env.get("HOME") == "/work":
-        env["HOME"] = inside
+    if view is None and env.get("HOME") == "/tmp":
+        # No private /tmp (the host's is shared by everyone): the run's home is its own workdir.
+        env["HOME"] = work.path
     return RunPlan(
         argv=req.argv, env=env, unshare_flags=flags, pid_namespace="pid" in prof.namespaces, view=view,
         cwd=inside if view else work.path, loopback=prof.network == "none" and "net" in prof.namespaces,

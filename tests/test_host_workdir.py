@@ -387,3 +387,26 @@ def test_a_callers_binds_are_not_nested(tmp_path: Path) -> None:
             sandbox.run(["true"], profile="ci", cwd=top / "jobs" / "ws", ro_bind=f"{top / 'jobs'}:{top / 'jobs'}")
     finally:
         shutil.rmtree(top)
+
+
+HOME_PROBE = ("echo \"$HOME\"; python3 -c 'import os, pwd; print(pwd.getpwuid(os.getuid()).pw_dir)'; "
+              "git config --global user.name probe && mkdir -p ~/.cache/tool && touch ~/.dotfile && echo wrote")
+
+
+@pytest.mark.parametrize("profile", ["strict", "ci"])
+def test_home_is_the_runs_own_tmp_never_the_callers_directory(profile: str, tmp_path: Path) -> None:
+    # Tools write dotfiles and caches to $HOME (git config --global, pip --user, npm, matplotlib):
+    # with HOME in a caller's --cwd they landed in the caller's project and outlived the run.
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    r = sandbox.run(["sh", "-c", HOME_PROBE], profile=profile, cwd=ws)
+    assert r.stdout.split() == ["/tmp", "/tmp", "wrote"], r
+    assert sorted(os.listdir(ws)) == [], "the run's dotfiles landed in the caller's directory"
+    fresh = sandbox.run(["sh", "-c", HOME_PROBE], profile=profile)  # a fresh workdir: the same home
+    assert fresh.stdout.split() == ["/tmp", "/tmp", "wrote"], fresh
+
+
+def test_without_a_private_tmp_home_is_the_runs_workdir_not_the_hosts_tmp() -> None:
+    r = sandbox.run(["sh", "-c", 'echo "$HOME"; pwd; touch ~/.dotfile && echo wrote'], profile="nested")
+    home, cwd, wrote = r.stdout.split()
+    assert home == cwd != "/tmp" and wrote == "wrote", r
