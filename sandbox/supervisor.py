@@ -763,19 +763,17 @@ def _check_stream(fd: object) -> None:
 
 
 class _StdinSource:
-    """The caller's pipe, socket or file, copied in chunks as the command takes them: the
-    command holds only our pipe, never the caller's fd (its flags, offset, peer or path), and
-    at most one chunk (64 KiB) is held here, so a flood waits in the caller's pipe, not in our
-    memory. A pipe or socket is read non-blocking when epoll says so (its file status flags
-    are the caller's again after the run); a file is always ready."""
+    """The caller's pipe or socket, copied in chunks as the command takes them: the command
+    holds only our pipe, never the caller's fd (its flags, offset or peer), and at most one
+    chunk (64 KiB) is held here, so a flood waits in the caller's pipe, not in our memory.
+    Read non-blocking when epoll says so; its file status flags are the caller's again after
+    the run. (A regular file is copied by a thread of its own: `_FileCopy`.)"""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.eof = False
-        self.pollable = not stat.S_ISREG(os.fstat(fd).st_mode)
         self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        if self.pollable:
-            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+        fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
 
     def read(self) -> memoryview | None:
         """The next chunk; empty at EOF (or on a read error, which ends the input too);
@@ -791,11 +789,56 @@ class _StdinSource:
         return memoryview(data)
 
     def restore(self) -> None:
-        if self.pollable:
-            try:
-                fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
-            except OSError:
-                pass
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
+        except OSError:
+            pass
+
+
+def _read_chunk(fd: int) -> bytes:
+    return os.read(fd, 65536)
+
+
+class _FileCopy:
+    """The caller's regular file, copied into the command's stdin by a thread. A file cannot
+    be polled and its read blocks for as long as its filesystem takes (a hung NFS server: for
+    ever), so it is never read in the loop that keeps the run's deadline. The thread reads
+    through a dup of the caller's fd (the same open file: the caller's offset moves on as the
+    command reads), holds one 64 KiB chunk, and ends at EOF or when the command's end of the
+    pipe is gone (the run is over). The run waits for it briefly at its end, never longer."""
+
+    def __init__(self, fd: int, stdin_w: int) -> None:
+        self._src = os.dup(fd)
+        self._dst = stdin_w  # ours from now on: closed by the thread
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        try:
+            _thread.start_new_thread(self._copy, ())
+        except BaseException:
+            os.close(self._src)
+            os.close(self._dst)
+            raise
+
+    def _copy(self) -> None:
+        try:
+            while True:
+                data = memoryview(_read_chunk(self._src))
+                if not data:
+                    return
+                while data:
+                    data = data[_write_no_sigpipe(self._dst, data):]
+        except OSError:  # a read error ends the input; EPIPE: the command is done with it
+            pass
+        finally:
+            os.close(self._dst)  # EOF for the command
+            os.close(self._src)
+            self._done.release()
+
+    def wait(self, timeout: float) -> None:
+        """Until the copy has ended: at once when the command read it all or is gone, unless
+        a read is stuck in its filesystem (then the thread ends when that read returns)."""
+        if self._done.acquire(True, timeout):
+            self._done.release()
 
 
 def _write_no_sigpipe(fd: int, data: memoryview) -> int:
@@ -869,15 +912,17 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         sel.register(rep_r, "report")
     sel.register(launched.pidfd, "exit")
     stdin_data = memoryview(req.stdin or b"")
-    source = _StdinSource(req.stdin_from) if req.stdin_from is not None and stdin_w >= 0 else None
-    if stdin_w >= 0:
+    source: _StdinSource | None = None
+    file_copy: _FileCopy | None = None
+    if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
+        file_copy, stdin_w = _FileCopy(req.stdin_from, stdin_w), -1
+    elif stdin_w >= 0 and req.stdin_from is not None:
+        source = _StdinSource(req.stdin_from)
         os.set_blocking(stdin_w, False)
-        if source is not None and source.pollable:
-            sel.register(source.fd, "source")  # the command's pipe is written once there is data
-        else:
-            if source is not None:
-                stdin_data = source.read() or stdin_data  # a file: always ready
-            sel.register(stdin_w, "stdin", select.EPOLLOUT)
+        sel.register(source.fd, "source")  # the command's pipe is written once there is data
+    elif stdin_w >= 0:
+        os.set_blocking(stdin_w, False)
+        sel.register(stdin_w, "stdin", select.EPOLLOUT)
     open_streams = {"out", "err", "report"} if watch_report else {"out", "err"}
     deadline = started + lim.timeout if lim.timeout else None
     timed_out = False
@@ -952,11 +997,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     if stdin_data:
                         continue
                     if source is not None and not source.eof:  # the next chunk
-                        if source.pollable:
-                            sel.unregister(stdin_w)
-                            sel.register(source.fd, "source")
-                        else:
-                            stdin_data = source.read() or stdin_data
+                        sel.unregister(stdin_w)
+                        sel.register(source.fd, "source")
                         continue
                     sel.unregister(stdin_w)
                     os.close(stdin_w)
@@ -969,6 +1011,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
             os.close(stdin_w)
         if exited_at is None:
             kill_run(launched.pidfd, own_tree)
+        if file_copy is not None:
+            file_copy.wait(0.5)  # the sandbox is gone: its write fails at once, unless a read is stuck
         if not watch_report:
             _drain_report(rep_r, report)
         rusage = launched.reap()

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,40 @@ def test_stdin_from_a_socket_is_copied_not_handed_over(isolated) -> None:
         theirs.close()
     count, link = r.stdout.split()
     assert (r.status, count) == ("ok", "300000") and link.startswith("pipe:"), r
+
+
+def test_a_file_stuck_in_its_filesystem_cannot_hold_the_deadline(isolated, monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    # A regular file cannot be polled and a read of one on a hung NFS server blocks for ever:
+    # read in the supervisor's loop, it kept that loop (and the run's timeout) from running.
+    import threading
+
+    unstuck = threading.Event()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    f = tmp_path / "on-nfs"
+    f.write_bytes(b"data\n")
+    stuck_file = (f.stat().st_dev, f.stat().st_ino)
+    real_read = os.read
+
+    def read(fd: int, n: int) -> bytes:  # a read of that file hangs, as on a dead NFS server
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == stuck_file:
+            unstuck.wait(15)
+            return b""
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", read)
+    with open(f, "rb") as src:
+        try:
+            r = sandbox.run(["cat"], stdin_from=src.fileno(), timeout="1s", kill_grace="0.2s")
+        finally:
+            unstuck.set()
+    assert r.status == "timeout" and r.duration_ms < 10_000, r
+    for _ in range(200):  # the copy thread closes its fds once its read returns
+        if len(os.listdir("/proc/self/fd")) == fds_before:
+            break
+        time.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == fds_before
 
 
 def test_command_that_cannot_be_executed_is_127_or_126_with_a_message(isolated) -> None:
