@@ -241,7 +241,7 @@ def _passes_stdin() -> bool:
     """Our stdin is a pipe, socket or file: the command reads a copy of it. A terminal is not
     passed on (an interactive program wants `sandboxrun start --pty`), nor a directory or a
     device; the command then reads an empty stdin."""
-    from .supervisor import copyable_input
+    from .stdin import copyable_input
 
     try:
         return copyable_input(os.fstat(0).st_mode)

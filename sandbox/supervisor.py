@@ -21,7 +21,7 @@ from . import profile as profiles
 from . import shellwords, signals
 from .errors import InputError, os_bytes
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
-from .hostpaths import CheckedDir, check_writable_bind, check_writable_dir, only_ours_to_rename, remove_tree
+from .hostpaths import check_writable_bind
 from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
@@ -30,6 +30,8 @@ from .plan import PARENT_GONE, RunPlan
 from .profile import Profile
 from .record import field, record, replace
 from .result import Isolation, Result, Usage
+from .stdin import FileCopy, StdinSource, check_stream, write_no_sigpipe
+from .workdir import Workdir, run_uid
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
 if TYPE_CHECKING:
@@ -239,108 +241,7 @@ def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: s
     )
 
 
-class _Workdir:
-    """The run's workdir: the caller's directory; or a fresh one: a tmpfs the child mounts
-    (path ""), or, without a private view, a host directory removed afterwards."""
-
-    def __init__(self, cwd: str | None, *, in_memory: bool) -> None:
-        self.fresh = cwd is None
-        self.checked: CheckedDir | None = None  # the caller's directory, as checked
-        self.fresh_id: tuple[int, int] | None = None  # a fresh host workdir's (dev, ino)
-        if cwd is None and in_memory:
-            # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
-            # nothing of the run ever touches the host's disk.
-            self.path = ""
-        elif cwd is None:
-            _sweep_stale_workdirs()
-            # The owner's pid in the name lets a later start remove it if we are SIGKILLed.
-            self.path, self.fresh_id = _mkdtemp()  # with what the child must find there
-        else:
-            # Not `/` nor a system tree, no symbolic link in its path (hostpaths.py says why).
-            self.checked = check_writable_dir(cwd, "cwd")
-            self.path = self.checked.path
-
-    def chown(self, uid: int, gid: int) -> None:
-        """Give a fresh host workdir to the run's ids: through an fd of the very directory
-        made (never by a path a link could have been put at)."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != self.fresh_id:
-                raise OSError(errno.EXDEV, f"the fresh workdir {self.path} was replaced")
-            os.fchown(fd, uid, gid)
-        finally:
-            os.close(fd)
-
-    def cleanup(self) -> None:
-        if self.fresh and self.path:
-            remove_tree(self.path)
-
-
-_swept = False
-
-
-def _tmpdir() -> str:
-    """Where fresh host workdirs go: $TMPDIR where no one but root and us could rename
-    an entry on its way (a workdir swapped for a link would be chowned and handed to the
-    run), else /tmp."""
-    d = os.environ.get("TMPDIR", "")
-    return os.path.normpath(d) if d.startswith("/") and only_ours_to_rename(d) else "/tmp"
-
-
-def _mkdtemp() -> tuple[str, tuple[int, int]]:
-    """A fresh 0700 workdir and its (dev, ino); our pid in the name lets a later start
-    remove it if we are SIGKILLed. (tempfile costs ~5 ms to import, which the CLI does not
-    want to pay.)"""
-    base = _tmpdir()
-    for _ in range(100):
-        path = f"{base}/sandboxrun-{cgroups.owner_tag()}-{os.urandom(6).hex()}"
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        st = os.lstat(path)
-        return path, (st.st_dev, st.st_ino)
-    raise OSError(17, f"cannot create a workdir under {base}")
-
-
-def _sweep_stale_workdirs() -> None:
-    """Once per process: remove fresh workdirs of supervisors that died (SIGKILL)."""
-    global _swept
-    if _swept:
-        return
-    _swept = True
-    base = _tmpdir()
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in cgroups.gone_owners(names, "sandboxrun-"):
-        path = os.path.join(base, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        # Only our own (made by us, then given to a run's uid): in a shared /tmp anyone can
-        # make a directory by that name, and removing a tree someone still changes is not a
-        # job to do as root.
-        if stat.S_ISDIR(st.st_mode) and (st.st_uid == os.geteuid() or _run_uid(st.st_uid)):
-            remove_tree(path)
-
-
-def _run_uid(uid: int) -> bool:
-    """One of the per-run uids (isolation/uids.py), which no one but our runs has."""
-    if _rootless():
-        return False
-    from .isolation.uids import in_range
-
-    try:
-        return in_range(uid)
-    except InputError:  # a bad range is reported where a uid is allocated
-        return False
-
-
-def _identity(cwd: str | None, work: _Workdir, prof: Profile) -> tuple[int, int, int | None, Any]:
+def _identity(cwd: str | None, work: Workdir, prof: Profile) -> tuple[int, int, int | None, Any]:
     """(uid inside, gid inside, host uid, lease) for this run."""
     if _rootless():
         return SANDBOX_UID, SANDBOX_UID, cgroups.caller_uid(), None
@@ -367,12 +268,12 @@ def _unfit_owner(uid: int) -> str | None:
     uid (the directory is an earlier run's) would be shared with whichever run gets it next."""
     if uid == 0:
         return "root"
-    if not _rootless() and _run_uid(uid):
+    if not _rootless() and run_uid(uid):
         return f"uid {uid}, a per-run uid (an earlier run made it)"
     return None
 
 
-def make_plan(req: Request, work: _Workdir, uid: int, gid: int) -> RunPlan:
+def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
     prof = req.profile
     lim = prof.limits
     rootless = _rootless()
@@ -495,14 +396,14 @@ def execute(req: Request) -> Result:
     cg: cgroups.RunCgroup | None = None
     slot: cgroups.Slot | None = None
     cg_error: str | None = None
-    work: _Workdir | None = None
+    work: Workdir | None = None
     lease = None
     plan_pid_namespace = True
     shares_host_dirs = False  # no mount namespace: the run writes the host's /tmp
     opened: list[int] = []
     try:
         try:
-            work = _Workdir(req.cwd, in_memory=prof.view == "private")
+            work = Workdir(req.cwd, in_memory=prof.view == "private")
         except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran
             return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot make the run's workdir: {e}", started)
         try:
@@ -745,118 +646,6 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         pass
 
 
-def copyable_input(mode: int) -> bool:
-    """What stdin_from takes (and the CLI passes on): a pipe, socket or regular file. Never a
-    directory (handed in, a way out of the view); a terminal or device is not copied."""
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
-
-
-def _check_stream(fd: object) -> None:
-    if not isinstance(fd, int) or isinstance(fd, bool):
-        raise InputError(f"stdin_from: expected a file descriptor, got {type(fd).__name__}")
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError as e:
-        raise InputError(f"stdin_from: fd {fd}: {e.strerror}") from None
-    if not copyable_input(mode):
-        raise InputError(f"stdin_from: fd {fd} is not a pipe, a socket or a regular file")
-
-
-class _StdinSource:
-    """The caller's pipe or socket, copied in chunks as the command takes them: the command
-    holds only our pipe, never the caller's fd (its flags, offset or peer), and at most one
-    chunk (64 KiB) is held here, so a flood waits in the caller's pipe, not in our memory.
-    Read non-blocking when epoll says so; its file status flags are the caller's again after
-    the run. (A regular file is copied by a thread of its own: `_FileCopy`.)"""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.eof = False
-        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
-
-    def read(self) -> memoryview | None:
-        """The next chunk; empty at EOF (or on a read error, which ends the input too);
-        None when there was nothing after all."""
-        try:
-            data = os.read(self.fd, 65536)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        if not data:
-            self.eof = True
-        return memoryview(data)
-
-    def restore(self) -> None:
-        try:
-            fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
-        except OSError:
-            pass
-
-
-def _read_chunk(fd: int) -> bytes:
-    return os.read(fd, 65536)
-
-
-class _FileCopy:
-    """The caller's regular file, copied into the command's stdin by a thread. A file cannot
-    be polled and its read blocks for as long as its filesystem takes (a hung NFS server: for
-    ever), so it is never read in the loop that keeps the run's deadline. The thread reads
-    through a dup of the caller's fd (the same open file: the caller's offset moves on as the
-    command reads), holds one 64 KiB chunk, and ends at EOF or when the command's end of the
-    pipe is gone (the run is over). The run waits for it briefly at its end, never longer."""
-
-    def __init__(self, fd: int, stdin_w: int) -> None:
-        self._src = os.dup(fd)
-        self._dst = stdin_w  # ours from now on: closed by the thread
-        self._done = _thread.allocate_lock()
-        self._done.acquire()
-        try:
-            _thread.start_new_thread(self._copy, ())
-        except BaseException:
-            os.close(self._src)
-            os.close(self._dst)
-            raise
-
-    def _copy(self) -> None:
-        try:
-            while True:
-                data = memoryview(_read_chunk(self._src))
-                if not data:
-                    return
-                while data:
-                    data = data[_write_no_sigpipe(self._dst, data):]
-        except OSError:  # a read error ends the input; EPIPE: the command is done with it
-            pass
-        finally:
-            os.close(self._dst)  # EOF for the command
-            os.close(self._src)
-            self._done.release()
-
-    def wait(self, timeout: float) -> None:
-        """Until the copy has ended: at once when the command read it all or is gone, unless
-        a read is stuck in its filesystem (then the thread ends when that read returns)."""
-        if self._done.acquire(True, timeout):
-            self._done.release()
-
-
-def _write_no_sigpipe(fd: int, data: memoryview) -> int:
-    """os.write to the command's stdin that cannot kill the caller: a command that does not
-    read its stdin closes the pipe, and a caller (or the program embedding Python) may have
-    SIGPIPE at its default. Blocked for this thread while it writes; one raised is taken."""
-    old = signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGPIPE})
-    try:
-        return os.write(fd, data)
-    except BrokenPipeError:
-        if signals.SIGPIPE not in old:
-            signals.sigtimedwait({signals.SIGPIPE}, 0)
-        raise
-    finally:
-        if signals.SIGPIPE not in old:
-            signals.pthread_sigmask(signals.SIG_SETMASK, old)
-
-
 def _drain_report(rep_r: int, report: _Report) -> None:
     """The report lines left in the pipe once the child is gone (or killed): never waits."""
     while True:
@@ -912,12 +701,12 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         sel.register(rep_r, "report")
     sel.register(launched.pidfd, "exit")
     stdin_data = memoryview(req.stdin or b"")
-    source: _StdinSource | None = None
-    file_copy: _FileCopy | None = None
+    source: StdinSource | None = None
+    file_copy: FileCopy | None = None
     if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
-        file_copy, stdin_w = _FileCopy(req.stdin_from, stdin_w), -1
+        file_copy, stdin_w = FileCopy(req.stdin_from, stdin_w), -1
     elif stdin_w >= 0 and req.stdin_from is not None:
-        source = _StdinSource(req.stdin_from)
+        source = StdinSource(req.stdin_from)
         os.set_blocking(stdin_w, False)
         sel.register(source.fd, "source")  # the command's pipe is written once there is data
     elif stdin_w >= 0:
@@ -986,7 +775,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                         sel.register(stdin_w, "stdin", select.EPOLLOUT)  # an empty chunk: EOF to pass on
                 elif what == "stdin":
                     try:
-                        n = _write_no_sigpipe(stdin_w, stdin_data[:65536]) if stdin_data else 0
+                        n = write_no_sigpipe(stdin_w, stdin_data[:65536]) if stdin_data else 0
                         stdin_data = stdin_data[n:]
                     except BlockingIOError:
                         continue
@@ -1133,7 +922,7 @@ def run(
     if stdin_from is not None and (stdin is not None or stdin_fd is not None):
         raise InputError("stdin_from: give one of stdin, stdin_fd and stdin_from")
     if stdin_from is not None:
-        _check_stream(stdin_from)
+        check_stream(stdin_from)
     cgroup_slots = overrides.pop("cgroup_slots", None)
     if cgroup_slots is not None and not isinstance(cgroup_slots, cgroups.Slots):
         raise InputError(f"cgroup_slots: expected sandbox.isolation.cgroups.Slots, got {type(cgroup_slots).__name__}")

@@ -179,7 +179,7 @@ def test_killed_callers_run_leaves_nothing_on_the_host_disk(no_leftovers, via: s
 def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path, monkeypatch) -> None:
     """Host workdirs exist only without a private view (the nested profile); a supervisor
     SIGKILLed mid-run leaves one, and the next start removes it (its pid is in the name)."""
-    from sandbox import supervisor
+    from sandbox import workdir
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -197,8 +197,8 @@ def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path
         os.chown(run_owned, uid_range()[0] + 7, -1)
         os.chown(stranger, 4244, -1)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(supervisor, "_swept", False)
-    supervisor._sweep_stale_workdirs()
+    monkeypatch.setattr(workdir, "_swept", False)
+    workdir.sweep_stale()
     kept = [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"]
     assert sorted(d.name for d in tmp_path.iterdir()) == sorted(kept + ([stranger.name] if os.geteuid() == 0 else []))
 
@@ -634,7 +634,7 @@ def test_a_fresh_workdir_swapped_for_a_link_is_refused(monkeypatch: pytest.Monke
     # the path still leads to it.
     if os.geteuid() != 0:
         pytest.skip("root chowns fresh workdirs to per-run uids")
-    from sandbox import supervisor
+    from sandbox import workdir
 
     monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
@@ -646,22 +646,22 @@ def test_a_fresh_workdir_swapped_for_a_link_is_refused(monkeypatch: pytest.Monke
         os.symlink(victim, workdir)
 
     if when == "before-chown":
-        made = supervisor._mkdtemp
+        made = workdir.mkdtemp
 
         def mkdtemp() -> tuple[str, tuple[int, int]]:
             where, ident = made()
             swap(where)
             return where, ident
 
-        monkeypatch.setattr(supervisor, "_mkdtemp", mkdtemp)
+        monkeypatch.setattr(workdir, "mkdtemp", mkdtemp)
     else:
-        chown = supervisor._Workdir.chown
+        chown = workdir.Workdir.chown
 
-        def chown_then_swap(self: supervisor._Workdir, uid: int, gid: int) -> None:
+        def chown_then_swap(self: workdir.Workdir, uid: int, gid: int) -> None:
             chown(self, uid, gid)
             swap(self.path)
 
-        monkeypatch.setattr(supervisor._Workdir, "chown", chown_then_swap)
+        monkeypatch.setattr(workdir.Workdir, "chown", chown_then_swap)
     try:
         r = sandbox.run(["sh", "-c", "touch planted; pwd"], profile="nested")
         assert r.status == "setup_error" and r.error_step in ("workdir", "cwd"), r

@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT
 
 import sandbox
-from sandbox import hostpaths, supervisor
+from sandbox import hostpaths, workdir
 from sandbox.errors import InputError, SandboxError
 from sandbox.isolation.syscalls import umount2
 
@@ -86,7 +86,7 @@ def _check_finds_another_directory(monkeypatch: pytest.MonkeyPatch) -> None:
         checked.ino += 1
         return checked
 
-    monkeypatch.setattr(supervisor, "check_writable_dir", swapped)
+    monkeypatch.setattr(workdir, "check_writable_dir", swapped)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -149,10 +149,11 @@ def _records(program: bytes) -> list[tuple[str, list[bytes]]]:
 def test_stage_program_keeps_the_python_childs_step_order() -> None:
     from sandbox.child import __doc__ as child_doc
     from sandbox.profile import load
-    from sandbox.supervisor import Request, _Workdir, make_plan
+    from sandbox.supervisor import Request, make_plan
+    from sandbox.workdir import Workdir
 
     req = Request(["/bin/true"], load("strict"))
-    plan = make_plan(req, _Workdir(None, in_memory=True), 1234, 1234)
+    plan = make_plan(req, Workdir(None, in_memory=True), 1234, 1234)
     steps = [a[0].decode() for c, a in _records(ops.compile_plan(plan, template=False, cgroup=True)) if c == "T"]
     documented = [line.split()[0] for line in (child_doc or "").split("Order")[1].splitlines()[1:]
                   if line.startswith("  ") and not line.startswith("   ")]
