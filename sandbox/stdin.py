@@ -40,13 +40,16 @@ class StdinSource:
     holds only our pipe, never the caller's fd (its flags, offset or peer), and at most one
     chunk (64 KiB) is held here, so a flood waits in the caller's pipe, not in our memory.
     Read non-blocking when epoll says so; its file status flags are the caller's again after
-    the run. (A regular file is copied by a thread of its own: `FileCopy`.)"""
+    the run. A regular file is copied by a thread of its own (`FileCopy`); only a process that
+    cannot start one reads it here, where it is always ready (`pollable` False)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.eof = False
+        self.pollable = not stat.S_ISREG(os.fstat(fd).st_mode)
         self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+        if self.pollable:
+            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
 
     def read(self) -> memoryview | None:
         """The next chunk; empty at EOF (or on a read error, which ends the input too);
@@ -62,6 +65,8 @@ class StdinSource:
         return memoryview(data)
 
     def restore(self) -> None:
+        if not self.pollable:
+            return
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, self._flags)
         except OSError:
@@ -78,18 +83,21 @@ class FileCopy:
     ever), so it is never read in the loop that keeps the run's deadline. The thread reads
     through a dup of the caller's fd (the same open file: the caller's offset moves on as the
     command reads), holds one 64 KiB chunk, and ends at EOF or when the command's end of the
-    pipe is gone (the run is over). The run waits for it briefly at its end, never longer."""
+    pipe is gone (the run is over). The run waits for it briefly at its end, never longer.
+
+    RuntimeError when no thread can be started: a process that unshared its children's pid
+    namespace and could not switch back (the rootless one-shot CLI) may not make threads
+    (EINVAL from clone); `stdin_w` is then still the caller's."""
 
     def __init__(self, fd: int, stdin_w: int) -> None:
         self._src = os.dup(fd)
-        self._dst = stdin_w  # ours from now on: closed by the thread
+        self._dst = stdin_w  # the thread's once it runs: closed by it
         self._done = _thread.allocate_lock()
         self._done.acquire()
         try:
             _thread.start_new_thread(self._copy, ())
         except BaseException:
             os.close(self._src)
-            os.close(self._dst)
             raise
 
     def _copy(self) -> None:

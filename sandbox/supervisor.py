@@ -704,14 +704,20 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     source: StdinSource | None = None
     file_copy: FileCopy | None = None
     if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
-        file_copy, stdin_w = FileCopy(req.stdin_from, stdin_w), -1
-    elif stdin_w >= 0 and req.stdin_from is not None:
+        try:
+            file_copy, stdin_w = FileCopy(req.stdin_from, stdin_w), -1
+        except RuntimeError:
+            pass  # no thread in this process: read here (StdinSource), as a file is always ready
+    if stdin_w >= 0 and req.stdin_from is not None:
         source = StdinSource(req.stdin_from)
+    if stdin_w >= 0:
         os.set_blocking(stdin_w, False)
-        sel.register(source.fd, "source")  # the command's pipe is written once there is data
-    elif stdin_w >= 0:
-        os.set_blocking(stdin_w, False)
-        sel.register(stdin_w, "stdin", select.EPOLLOUT)
+        if source is not None and source.pollable:
+            sel.register(source.fd, "source")  # the command's pipe is written once there is data
+        else:
+            if source is not None:
+                stdin_data = source.read() or stdin_data
+            sel.register(stdin_w, "stdin", select.EPOLLOUT)
     open_streams = {"out", "err", "report"} if watch_report else {"out", "err"}
     deadline = started + lim.timeout if lim.timeout else None
     timed_out = False
@@ -786,8 +792,11 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     if stdin_data:
                         continue
                     if source is not None and not source.eof:  # the next chunk
-                        sel.unregister(stdin_w)
-                        sel.register(source.fd, "source")
+                        if source.pollable:
+                            sel.unregister(stdin_w)
+                            sel.register(source.fd, "source")
+                        else:
+                            stdin_data = source.read() or stdin_data
                         continue
                     sel.unregister(stdin_w)
                     os.close(stdin_w)

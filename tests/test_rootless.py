@@ -330,6 +330,18 @@ def test_cli_passes_its_stdin_on_rootless(tree: Tree) -> None:
     assert cp.stdout.startswith("hello\npipe:"), cp.stdout
 
 
+def test_cli_copies_a_stdin_file_rootless(tree: Tree) -> None:
+    # A regular file is copied by a thread, which a rootless one-shot CLI cannot start once
+    # it has unshared the run's pid namespace (clone answers EINVAL): it reads the file itself.
+    f = tree.home / "input.txt"
+    f.write_text("from a file\n")
+    os.chown(f, tree.uid, tree.gid)
+    cp = tree.as_user(["sh", "-c", f"exec {SYS_PYTHON} -m sandbox --profile rootless -- sh -c "
+                       f"'cat; readlink /proc/self/fd/0' < {f}"])
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith("from a file\npipe:"), cp.stdout
+
+
 def test_cli_strict_names_the_missing_layer(tree: Tree) -> None:
     cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--", "/bin/true"])
     if cp.returncode == 0:
