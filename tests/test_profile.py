@@ -340,6 +340,14 @@ def _asan_builds(tmp_path: Path) -> bool:
     return p.returncode == 0
 
 
+def test_no_shipped_profile_shows_a_hosts_caches_or_package_credentials() -> None:
+    # ci once bound /root/.cache/pip read-only: useless to pip (it disables a cache it cannot
+    # write) and a list of what the host has fetched; pip.conf holds index credentials.
+    for name in builtin_names():
+        sources = [m.source for m in load(name).mounts]
+        assert not [s for s in sources if "/.cache" in s or s.endswith(("pip.conf", ".netrc", ".pypirc"))], name
+
+
 def test_ci_runs_sanitizer_builds(tmp_path: Path) -> None:
     """A test suite's ASan build reserves terabytes of address space for its shadow memory: the ci
     profile caps real memory with its cgroup (required), not with RLIMIT_AS, which would abort it."""
