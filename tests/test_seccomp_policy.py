@@ -409,6 +409,100 @@ def test_not_in_expansion_is_exact(x: int) -> None:
     assert any(_cond_matches(c, x) for c in conds) == (x not in seccomp._PERSONALITY_ALLOWED)
 
 
+def _run_bpf(prog: bytes, data: bytes) -> int:
+    """A classic-BPF interpreter for what seccomp programs use: what the kernel would return."""
+    a = x = 0
+    pc = 0
+    mem = [0] * 16
+    while True:
+        code, jt, jf, k = struct.unpack_from("<HBBI", prog, pc * 8)
+        pc += 1
+        if code == 0x20:  # ld [k]
+            a = struct.unpack_from("<I", data, k)[0]
+        elif code == 0x00:  # ld #k
+            a = k
+        elif code == 0x01:  # ldx #k
+            x = k
+        elif code == 0x60:  # ld M[k]
+            a = mem[k]
+        elif code == 0x61:  # ldx M[k]
+            x = mem[k]
+        elif code == 0x02:  # st M[k]
+            mem[k] = a
+        elif code == 0x03:  # stx M[k]
+            mem[k] = x
+        elif code == 0x54:  # and #k
+            a &= k
+        elif code == 0x44:  # or #k
+            a |= k
+        elif code == 0x07:  # tax
+            x = a
+        elif code == 0x87:  # txa
+            a = x
+        elif code == 0x05:  # ja
+            pc += k
+        elif code in (0x15, 0x25, 0x35, 0x45):  # jeq, jgt, jge, jset #k
+            hit = {0x15: a == k, 0x25: a > k, 0x35: a >= k, 0x45: a & k != 0}[code]
+            pc += jt if hit else jf
+        elif code in (0x1D, 0x2D, 0x3D, 0x4D):  # the same against x
+            hit = {0x1D: a == x, 0x2D: a > x, 0x3D: a >= x, 0x4D: a & x != 0}[code]
+            pc += jt if hit else jf
+        elif code == 0x06:  # ret #k
+            return k
+        elif code == 0x16:  # ret a
+            return a
+        else:
+            raise AssertionError(f"opcode {code:#x} at {pc - 1}: not interpreted")
+
+
+def _seccomp_data(nr: int, args: tuple[int, ...], arch: int = 0) -> bytes:
+    arch = arch or seccomp._AUDIT_ARCH[MACHINE]
+    return struct.pack("<iIQ6Q", nr, arch, 0, *args, *(0,) * (6 - len(args)))
+
+
+_ARG_VALUES = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 17, 58, 59, 0x80, 0x800, 0x408, 0x400, 0x2000, 0x6000,
+               0x20000, 0x20008, 0x40000, 0xFFFFFFFF, 0xFFFFFFFE, 1 << 32, (1 << 32) | 8, (1 << 32) | 2,
+               2**64 - 1, 2**64 - 100, seccomp._TIOCSTI, seccomp._TIOCSTI | (1 << 32), *CLONE_NS.values()]
+
+
+@settings(database=None, deadline=None, max_examples=300)
+@given(st.sampled_from(["personality", "socket", "socketpair", "clone", "ioctl", "mmap", "openat", "getpid"]),
+       st.lists(st.one_of(st.sampled_from(_ARG_VALUES), st.integers(0, 2**64 - 1)), min_size=6, max_size=6),
+       st.sampled_from([0, 0, 0, 0x40000003]))  # 0x40000003: i386, a foreign ABI
+def test_the_prologues_argument_checks_decide_as_libseccomps_rules(name: str, args: list[int], arch: int) -> None:
+    # personality, socket, socketpair and clone are checked by the prologue's own BPF (a much
+    # shorter program to JIT at every run's load): for any arguments it must decide exactly as
+    # libseccomp's program for the same table does.
+    import pyseccomp
+
+    nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+    new, old = seccomp.compile_policy(), seccomp.compile_policy(prologue_rules=False)
+    assert len(new) < len(old)
+    data = _seccomp_data(nr, tuple(args), arch)
+    assert _run_bpf(new, data) == _run_bpf(old, data), (name, [hex(v) for v in args])
+
+
+def test_the_prologues_argument_checks_on_every_edge() -> None:
+    import pyseccomp
+
+    new, old = seccomp.compile_policy(), seccomp.compile_policy(prologue_rules=False)
+    allowed = 0x7FFF0000
+    decided = {"denied": 0, "allowed": 0}
+    for name in ("personality", "socket", "socketpair", "clone"):
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+        for v in _ARG_VALUES:
+            for idx in (0, 1, 2):
+                args = [0, 1, 0] if name.startswith("socket") else [0, 0, 0]
+                args[idx] = v
+                data = _seccomp_data(nr, tuple(args))
+                got = _run_bpf(new, data)
+                assert got == _run_bpf(old, data), (name, idx, hex(v))
+                decided["allowed" if got == allowed else "denied"] += 1
+    assert decided["denied"] and decided["allowed"]  # both answers were reached
+    for nr in range(0, 480):  # every other syscall: the same answer, its arguments all zero
+        assert _run_bpf(new, _seccomp_data(nr, ())) == _run_bpf(old, _seccomp_data(nr, ())), nr
+
+
 def test_load_bpf_rejects_bad_programs() -> None:
     for prog in (b"", b"\x06" + b"\x00" * 6, b"\x00" * 8):  # empty, misaligned, no final RET
         with pytest.raises(ValueError):
