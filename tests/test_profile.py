@@ -370,6 +370,23 @@ def test_ci_runs_sanitizer_builds(tmp_path: Path) -> None:
     assert ci.address_space is None and ci.memory == 4 * 2**30  # the cgroup still caps real memory
 
 
+def test_ci_builds_rust_with_the_hosts_rustup_and_sees_nothing_else_of_cargo_home(tmp_path: Path) -> None:
+    import os
+
+    import sandbox
+
+    if not (os.path.isfile("/root/.cargo/bin/cargo") and os.path.isdir("/root/.rustup/toolchains")):
+        pytest.skip("no rustup toolchain in /root")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "Cargo.toml").write_text('[package]\nname = "probe"\nversion = "0.1.0"\nedition = "2021"\n')
+    (tmp_path / "src" / "main.rs").write_text('fn main() { println!("built by {}", "rustc"); }\n')
+    r = sandbox.run(["sh", "-c", "cargo run -q --offline && ls -A /root/.cargo"], profile="ci", cwd=tmp_path,
+                    timeout=300)
+    # ~/.cargo beyond its proxies holds credentials.toml (a registry token): only bin is shown.
+    assert (r.status, r.stdout) == ("ok", "built by rustc\nbin\n"), r.stderr[-1500:]
+    assert not (tmp_path / ".cargo").exists()  # cargo's caches went to the run's /tmp
+
+
 def test_profiles_that_may_run_without_a_cgroup_keep_a_small_address_space() -> None:
     """Where the cgroup is optional, RLIMIT_AS may be the only memory cap there is; strict's
     64 GiB is a second line behind a cgroup it requires."""
