@@ -1,8 +1,9 @@
 """Seccomp-BPF policies for sandboxed children.
 
 The policy is Docker-shaped but default-ALLOW: a declarative deny table (``_DEFAULT_RULES``) is compiled with
-libseccomp (pyseccomp) into a raw BPF program, cached on disk, and installed with a bare
-``seccomp(2)`` call. pyseccomp, ctypes and hashlib are imported lazily so that importing this module
+libseccomp (pyseccomp) into a raw BPF program, behind a prologue of our own (the review's newest
+syscall, and the argument checks libseccomp writes long: ``_IN_PROLOGUE``), cached on disk, and
+installed with a bare ``seccomp(2)`` call. pyseccomp, ctypes and hashlib are imported lazily so that importing this module
 stays well under 2 ms and a CLI run with a warm cache never pays pyseccomp's ~55 ms import.
 """
 
@@ -337,7 +338,7 @@ def _arg_checks(nr: int, err: int, conds: tuple[Cond, ...], n: int) -> list[Insn
             assert isinstance(a, tuple) and all(0 <= v <= _LOW32 for v in a), (nr, a)
             ok = f"ok{n}.{k}"
             out += [(_LD_W_ABS, 0, 0, hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, lo)]
-            out += [(_JEQ, ok, deny if v == a[-1] else 0, v) for v in a]
+            out += [(_JEQ, ok, deny if j == len(a) - 1 else 0, v) for j, v in enumerate(a)]
             out.append(ok)
         elif op == "MASKED_EQ" and isinstance(a, int) and a == b and 0 < a <= _LOW32 and a & (a - 1) == 0:
             bits[lo] = bits.get(lo, 0) | a
