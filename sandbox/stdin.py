@@ -73,10 +73,6 @@ class StdinSource:
             pass
 
 
-def read_chunk(fd: int) -> bytes:
-    return os.read(fd, 65536)
-
-
 class FileCopy:
     """The caller's regular file, copied into the command's stdin by a thread. A file cannot
     be polled and its read blocks for as long as its filesystem takes (a hung NFS server: for
@@ -103,7 +99,7 @@ class FileCopy:
     def _copy(self) -> None:
         try:
             while True:
-                data = memoryview(read_chunk(self._src))
+                data = memoryview(os.read(self._src, 65536))
                 if not data:
                     return
                 while data:
