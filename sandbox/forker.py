@@ -48,6 +48,7 @@ class ChildFds:
     cgroup: list[int]
     cgroup_tasks: bool = False
     netns: int = -1  # a ready network namespace to enter instead of making one (native stage)
+    cgroup_dir: int = -1  # the run's cgroup v2 directory, to clone PID 1 into (native stage)
 
     def all(self) -> list[int]:
         return [self.stdin, self.stdout, self.stderr, self.report, *self.cgroup]
@@ -234,6 +235,7 @@ class Launched:
     pidfd: int
     direct: bool  # we are the parent and must reap
     pid1: bool = False  # it is PID 1 of the run's pid namespace: its usage is the whole tree's
+    in_cgroup: bool = False  # born in the run's cgroup (CLONE_INTO_CGROUP): no move needed
 
     def reap(self) -> resource.struct_rusage | None:
         """Wait for it; its resource usage where we are its parent (with that of every

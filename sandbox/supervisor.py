@@ -362,10 +362,12 @@ NPROC_MARGIN = 8
 NOGROUP = 65534  # the group of a run that runs as a directory's owner
 
 
-def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int) -> None:
-    """Move the child into its cgroup (while it builds its filesystem), then tell it."""
+def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int, born_there: bool = False) -> None:
+    """Move the child into its cgroup (while it builds its filesystem), then tell it; one
+    `born_there` (cloned into it) is only told."""
     try:
-        cg.add(pid)
+        if not born_there:
+            cg.add(pid)
         msg = b"1\n"
     except OSError as e:
         msg = f"0{e.errno or 0} cannot move the sandbox into {cg.dirs[0]}: {e.strerror}\n".encode()
@@ -483,6 +485,13 @@ def execute(req: Request) -> Result:
             sync_r, sync_w = _pipe()
             opened += [sync_r, sync_w]
             cg_fds = [sync_r]
+        cg_dir = -1
+        if cg is not None and cg.version == "v2" and plan.pid_namespace and getattr(forker, "clones_into_v2_cgroup", False):
+            try:  # PID 1 is cloned into it (CLONE_INTO_CGROUP): no move, no grace period
+                cg_dir = os.open(cg.dirs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                opened.append(cg_dir)
+            except OSError:
+                cg_dir = -1  # moved as before
         ready = getattr(forker, "netns", None)
         netns = ready.take() if ready is not None and plan.loopback else -1
         if netns >= 0:
@@ -495,15 +504,16 @@ def execute(req: Request) -> Result:
             sweep_orphans()
             kill_processes_of(lease.uid)
         try:
-            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns))
+            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns, cg_dir))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.
-        for fd in (out_w, err_w, rep_w, *cg_fds, *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
+        for fd in (out_w, err_w, rep_w, *cg_fds, *([cg_dir] if cg_dir >= 0 else []),
+                   *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
             os.close(fd)
             opened.remove(fd)
         if cg is not None and not self_join:
-            _join_cgroup(cg, launched.pid, sync_w)
+            _join_cgroup(cg, launched.pid, sync_w, born_there=launched.in_cgroup)
             opened.remove(sync_w)
         if netns >= 0:
             os.close(netns)  # the child holds it now

@@ -28,11 +28,13 @@ _F_DUPFD_CLOEXEC = 1030
 
 
 _PIDNS_FD = 5  # stage.c: open when the stage is to make the pid namespace, and send PID 1's pid on it
+_INTO_CGROUP_FD = 17  # stage.c: with _PIDNS_FD, the cgroup v2 directory PID 1 is cloned into
 
 
 def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, pid1: bool = False,
-                 stage_clones: bool = False) -> int:
-    """posix_spawn the stage with `fds` at the given numbers; returns its pid.
+                 stage_clones: bool = False) -> tuple[int, bool]:
+    """posix_spawn the stage with `fds` at the given numbers; returns its pid, and whether it
+    was born in its cgroup (only where `fds` has _INTO_CGROUP_FD and the kernel could).
     `pid1`: as PID 1 of a new pid namespace, which this thread makes, or with `stage_clones`
     the stage (and the pid returned is then that of the PID 1 it made, our child too)."""
     memfd = os.memfd_create("sandboxrun-stage", os.MFD_CLOEXEC)
@@ -44,6 +46,7 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
         where = {**fds, 3: memfd}
         if pid1 and stage_clones:
             return _spawn_cloning(path, mode, where)
+        where.pop(_INTO_CGROUP_FD, None)  # only the stage that clones PID 1 can use it
         actions = _file_actions(where, temps)
         actions.append((os.POSIX_SPAWN_CLOSE, _PIDNS_FD))  # an fd 5 of our caller's would say "clone"
         pid = -1
@@ -58,7 +61,7 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
                 os.kill(pid, 9)
                 _reap(pid)
             raise
-        return pid
+        return pid, False
     finally:
         for fd in (memfd, *temps):
             os.close(fd)
@@ -75,14 +78,17 @@ def _file_actions(where: dict[int, int], temps: list[int]) -> list[tuple[int, ..
     return actions
 
 
-def _spawn_cloning(path: str, mode: str, where: dict[int, int]) -> int:
-    """The stage makes the pid namespace: it clones PID 1 as our child, sends its pid on
-    _PIDNS_FD (or -errno), and exits."""
+def _spawn_cloning(path: str, mode: str, where: dict[int, int]) -> tuple[int, bool]:
+    """The stage makes the pid namespace: it clones PID 1 as our child (into the cgroup at
+    _INTO_CGROUP_FD, where given and the kernel can), sends its pid on _PIDNS_FD ("<pid>
+    cgroup" when born there; -errno on failure), and exits."""
     pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
     copies: list[int] = []
     try:
         try:
             actions = _file_actions({**where, _PIDNS_FD: pid_w}, copies)
+            if _INTO_CGROUP_FD not in where:  # an fd 17 of our caller's would name a cgroup
+                actions.append((os.POSIX_SPAWN_CLOSE, _INTO_CGROUP_FD))
             stage = os.posix_spawn(path, [mode], {}, file_actions=actions, setsigmask=())
         finally:
             for fd in (pid_w, *copies):  # the stage's copies alone now: EOF if it ends without a word
@@ -92,14 +98,15 @@ def _spawn_cloning(path: str, mode: str, where: dict[int, int]) -> int:
         raise ForkError("stage", e.errno or 0, f"cannot start the native stage {path}: {e.strerror}") from None
     text = _read_line(pid_r)
     _reap(stage)
+    number, _, where_born = text.partition(" ")
     try:
-        pid = int(text)
+        pid = int(number)
     except ValueError:
         raise ForkError("stage", 0, f"the native stage sent no pid ({text!r})") from None
     if pid <= 0:
         err = -pid
         raise ForkError("pid_namespace", err, f"cannot create a pid namespace: {os.strerror(err)}")
-    return pid
+    return pid, where_born == "cgroup"
 
 
 class _NoNamespace:
@@ -160,6 +167,7 @@ class NativeForker:
     """Spawns each run's stage; keeps prepared mount-namespace templates when long-lived."""
 
     joins_v1_cgroups = True  # give it each hierarchy's tasks file (ChildFds.cgroup_tasks)
+    clones_into_v2_cgroup = True  # give it the run's v2 cgroup directory (ChildFds.cgroup_dir)
     reaps_pid1 = True  # a run with a pid namespace: its PID 1 is our child (Launched.pid1)
 
     def __init__(self, *, templates: bool, stage_clones: bool = False) -> None:
@@ -212,7 +220,7 @@ class NativeForker:
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         try:
-            pid = _spawn_stage(path, "sandboxrun-template", program, {0: hold_r, 1: null, 2: null, 4: rep_w})
+            pid, _ = _spawn_stage(path, "sandboxrun-template", program, {0: hold_r, 1: null, 2: null, 4: rep_w})
         except ForkError:
             os.close(hold_w)
             os.close(rep_r)
@@ -250,9 +258,14 @@ class NativeForker:
             where[ops.CGROUP_FD] = fds.cgroup[0]
         if template >= 0:
             where[ops.TEMPLATE_FD] = template
-        pid = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where,
-                           pid1=plan.pid_namespace, stage_clones=self.stage_clones)
-        return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace)
+        # cgroup v2: PID 1 cloned into the run's cgroup by the stage (one short-lived process
+        # more, ~0.1 ms) spares the supervisor's move of it, an RCU grace period when idle.
+        into = fds.cgroup_dir >= 0 and plan.pid_namespace
+        if into:
+            where[_INTO_CGROUP_FD] = fds.cgroup_dir
+        pid, in_cgroup = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program,
+                                      where, pid1=plan.pid_namespace, stage_clones=self.stage_clones or into)
+        return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace, in_cgroup=in_cgroup)
 
     def close(self) -> None:
         with self._lock:

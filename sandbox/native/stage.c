@@ -16,6 +16,7 @@
    fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
    fd 5  "sandboxrun-init" only, and only where the caller did not make the pid namespace itself:
          we make it (clone_pid_namespace) and send PID 1's pid (or -errno) down this pipe
+   fd 17 with fd 5, on cgroup v2: the run's cgroup directory, which PID 1 is cloned into
    fds 6.. named by the program's steps (cgroup sync pipe, template namespace, v1 tasks files, ready netns)
 
    Every op is one record: code (1 byte), argument count (1 byte), then each argument as a
@@ -56,6 +57,7 @@
 #define PROGRAM_FD 3
 #define REPORT_FD 4
 #define PIDNS_FD 5
+#define INTO_CGROUP_FD 17  /* with PIDNS_FD: the run's cgroup v2 directory, to clone PID 1 into */
 #define MAX_ARGS 8
 #define MAX_SLOTS 64
 #define NOGROUP 65534
@@ -1008,18 +1010,42 @@ static void reset_process_state(void) {
 }
 
 /* For a caller that cannot cheaply unshare CLONE_NEWPID itself (Python 3.11 has no os.unshare,
-   and the one-shot CLI would load ctypes for it: ~2.5 ms): PID 1 of a new pid namespace is
-   cloned here as our caller's child (CLONE_PARENT), so that it reaps it and holds its pidfd as
-   if it had spawned it; we send its pid on PIDNS_FD and exit, and it goes on as the stage.
-   A raw clone with no new stack, as bubblewrap does: fork's semantics with namespace flags. */
+   and the one-shot CLI would load ctypes for it: ~2.5 ms), or that must place PID 1 in a
+   cgroup v2 as it is born: PID 1 of a new pid namespace is cloned here as our caller's child
+   (CLONE_PARENT), so that it reaps it and holds its pidfd as if it had spawned it; we send its
+   pid on PIDNS_FD and exit, and it goes on as the stage. A raw clone with no new stack, as
+   bubblewrap does: fork's semantics with namespace flags.
+   With INTO_CGROUP_FD, clone3's CLONE_INTO_CGROUP (Linux 5.7) puts PID 1 in the run's cgroup
+   from its first instruction: moving a process later (cgroup.procs) takes the global
+   threadgroup lock, whose writer waits for an RCU grace period whenever it was idle (5-15 ms
+   here). Where clone3 cannot (an older kernel, a container's seccomp profile), the plain clone
+   follows and the line says so ("pid" alone): the supervisor then moves PID 1 itself. */
+struct clone3_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
+};
+#define CLONE_INTO_CGROUP_FLAG 0x200000000ULL
+
 static void clone_pid_namespace(void) {
     char msg[32];
-    long pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
+    long pid = -1;
+    int into = fcntl(INTO_CGROUP_FD, F_GETFD) >= 0;
+    if (into) {
+        struct clone3_args args;
+        memset(&args, 0, sizeof args);
+        args.flags = CLONE_PARENT | CLONE_NEWPID | CLONE_INTO_CGROUP_FLAG;
+        args.cgroup = INTO_CGROUP_FD;
+        pid = syscall(SYS_clone3, &args, sizeof args);
+        into = pid >= 0;
+    }
+    if (pid < 0) pid = syscall(SYS_clone, CLONE_PARENT | CLONE_NEWPID | SIGCHLD, 0, 0, 0, 0);
     if (pid == 0) {
         close(PIDNS_FD);
+        close(INTO_CGROUP_FD);
         return;
     }
-    int n = snprintf(msg, sizeof msg, "%ld\n", pid < 0 ? -(long)errno : pid);
+    int n = snprintf(msg, sizeof msg, pid < 0 ? "%ld\n" : into ? "%ld cgroup\n" : "%ld\n",
+                     pid < 0 ? -(long)errno : pid);
     (void)!write(PIDNS_FD, msg, n);
     _exit(0);
 }
