@@ -550,9 +550,9 @@ def _v2_strict_without_controllers(real_v2_parent: str, monkeypatch: pytest.Monk
     return records.replace(prof, limits=records.replace(prof.limits, memory=None, processes=None, cpus=None))
 
 
-@pytest.mark.parametrize("clone_into", [True, False])
+@pytest.mark.parametrize("clone_into, one_shot", [(True, False), (True, True), (False, False)])
 def test_v2_pid1_is_born_in_its_cgroup_or_else_moved_there(real_v2_parent: str, monkeypatch: pytest.MonkeyPatch,
-                                                           clone_into: bool) -> None:
+                                                           clone_into: bool, one_shot: bool) -> None:
     """The native stage clones PID 1 into the run's v2 cgroup (CLONE_INTO_CGROUP): moving it
     through cgroup.procs takes the global threadgroup lock, whose writer waits for an RCU grace
     period when the lock was idle (a run 5 ms -> 15 ms here). Where the clone cannot (here: the
@@ -563,6 +563,11 @@ def test_v2_pid1_is_born_in_its_cgroup_or_else_moved_there(real_v2_parent: str, 
     if stage_path() is None or os.environ.get("SANDBOXRUN_NATIVE") == "0":
         pytest.skip("the native stage is not used here")
     prof = _v2_strict_without_controllers(real_v2_parent, monkeypatch)
+    if one_shot:  # the CLI's forker: its stage makes the pid namespace anyway (no ctypes for unshare)
+        from sandbox import supervisor
+        from sandbox.native.launch import NativeForker
+
+        monkeypatch.setattr(supervisor, "_native", NativeForker(templates=False, stage_clones=True))
     moves: list[int] = []
     real_add = cgroups.RunCgroup.add
     monkeypatch.setattr(cgroups.RunCgroup, "add", lambda self, pid: (moves.append(pid), real_add(self, pid))[1])
@@ -580,6 +585,48 @@ def test_v2_pid1_is_born_in_its_cgroup_or_else_moved_there(real_v2_parent: str, 
     assert r.stdout == "/proc/self/cgroup:0::/\n/proc/1/cgroup:0::/\n", r  # both at the root of their namespace
     assert moves == ([] if clone_into else [r.pid]), moves
     assert glob.glob(os.path.join(real_v2_parent, "*/")) == []
+
+
+def test_an_inherited_fd_17_does_not_choose_pid1s_cgroup(real_v2_parent: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fd 17 open in a cloning stage names the cgroup PID 1 is born in (stage.c): a caller's own
+    fd 17, inheritable, must not reach it."""
+    import sandbox
+    from sandbox import supervisor
+    from sandbox.native import launch, stage_path
+
+    if stage_path() is None or os.environ.get("SANDBOXRUN_NATIVE") == "0":
+        pytest.skip("the native stage is not used here")
+    elsewhere = os.path.join(real_v2_parent, "not-the-runs")
+    os.mkdir(elsewhere)
+    born: list[bool] = []
+    real_cloning = launch._spawn_cloning
+    monkeypatch.setattr(launch, "_spawn_cloning", lambda *a: (lambda r: (born.append(r[1]), r)[1])(real_cloning(*a)))
+    forker = launch.NativeForker(templates=False, stage_clones=True)
+    monkeypatch.setattr(supervisor, "_native", forker)
+    fd = os.open(elsewhere, os.O_RDONLY | os.O_DIRECTORY)
+    saved = os.dup(17) if _fd_open(17) else -1
+    os.dup2(fd, 17, inheritable=True)
+    os.close(fd)
+    try:
+        r = sandbox.run(["true"])  # this host's default backend: the run's cgroup is not `elsewhere`
+    finally:
+        forker.close()
+        if saved >= 0:
+            os.dup2(saved, 17)
+            os.close(saved)
+        else:
+            os.close(17)
+    assert r.status == "ok" and born == [False], (r, born)
+    assert Path(elsewhere, "cgroup.procs").read_text() == ""
+    os.rmdir(elsewhere)
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 @needs_root

@@ -53,7 +53,7 @@ def test_a_pid_namespace_the_stage_makes_is_the_same(monkeypatch: pytest.MonkeyP
     spawned: list[int] = []
     real_spawn = os.posix_spawn
     monkeypatch.setattr(launch.os, "posix_spawn", lambda *a, **k: spawned.append(real_spawn(*a, **k)) or spawned[-1])
-    cloned: list[int] = []
+    cloned: list[tuple[int, bool]] = []  # (PID 1's pid, born in its cgroup)
     real_cloning = launch._spawn_cloning
     monkeypatch.setattr(launch, "_spawn_cloning", lambda *a: cloned.append(real_cloning(*a)) or cloned[-1])
     forker = launch.NativeForker(templates=False, stage_clones=True)
@@ -63,7 +63,7 @@ def test_a_pid_namespace_the_stage_makes_is_the_same(monkeypatch: pytest.MonkeyP
     finally:
         forker.close()
     assert stage_made == thread_made
-    assert len(spawned) == 1 and len(cloned) == 1 and cloned[0] != spawned[0]  # PID 1 is not the stage
+    assert len(spawned) == 1 and len(cloned) == 1 and cloned[0][0] != spawned[0]  # PID 1 is not the stage
     with pytest.raises(ChildProcessError):
         os.waitpid(spawned[0], os.WNOHANG)  # the stage that cloned PID 1: reaped, no zombie
 
