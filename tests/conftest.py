@@ -142,3 +142,22 @@ def end_marked(mark: str) -> None:
 
     for proc in leaks.marked(mark):
         os.kill(proc.pid, 9)
+
+
+@contextlib.contextmanager
+def inherited_at(number: int, fd: int) -> Iterator[None]:
+    """A copy of `fd` at `number`, inheritable, as a caller of the library might leave one;
+    whatever was at `number` before is put back afterwards."""
+    try:
+        saved = os.dup(number)
+    except OSError:
+        saved = -1
+    os.dup2(fd, number, inheritable=True)
+    try:
+        yield
+    finally:
+        if saved >= 0:
+            os.dup2(saved, number)
+            os.close(saved)
+        else:
+            os.close(number)

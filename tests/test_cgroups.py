@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import end_marked
+from conftest import end_marked, inherited_at
 
 from sandbox.isolation import cgroups
 from sandbox.isolation.cgroups import CgroupLimits, CgroupUnavailable, V1Backend, V2Backend
@@ -604,29 +604,15 @@ def test_an_inherited_fd_17_does_not_choose_pid1s_cgroup(real_v2_parent: str, mo
     forker = launch.NativeForker(templates=False, stage_clones=True)
     monkeypatch.setattr(supervisor, "_native", forker)
     fd = os.open(elsewhere, os.O_RDONLY | os.O_DIRECTORY)
-    saved = os.dup(17) if _fd_open(17) else -1
-    os.dup2(fd, 17, inheritable=True)
-    os.close(fd)
     try:
-        r = sandbox.run(["true"])  # this host's default backend: the run's cgroup is not `elsewhere`
+        with inherited_at(17, fd):
+            r = sandbox.run(["true"])  # this host's default backend: the run's cgroup is not `elsewhere`
     finally:
         forker.close()
-        if saved >= 0:
-            os.dup2(saved, 17)
-            os.close(saved)
-        else:
-            os.close(17)
+        os.close(fd)
     assert r.status == "ok" and born == [False], (r, born)
     assert Path(elsewhere, "cgroup.procs").read_text() == ""
     os.rmdir(elsewhere)
-
-
-def _fd_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 @needs_root

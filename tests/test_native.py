@@ -12,6 +12,7 @@ import stat
 import struct
 
 import pytest
+from conftest import inherited_at
 
 import sandbox
 from sandbox import native
@@ -93,30 +94,16 @@ def test_an_inherited_fd_5_does_not_make_the_stage_clone(monkeypatch: pytest.Mon
     from sandbox import supervisor
     from sandbox.native import launch
 
-    saved = os.dup(5) if _is_open(5) else -1
     null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 5, inheritable=True)
-    os.close(null)
     forker = launch.NativeForker(templates=False, stage_clones=False)
     monkeypatch.setattr(supervisor, "_native", forker)
     try:
-        r = sandbox.run(["sh", "-c", "echo $$; tr '\\0' ' ' < /proc/1/cmdline"])
+        with inherited_at(5, null):
+            r = sandbox.run(["sh", "-c", "echo $$; tr '\\0' ' ' < /proc/1/cmdline"])
     finally:
         forker.close()
-        if saved >= 0:
-            os.dup2(saved, 5)
-            os.close(saved)
-        else:
-            os.close(5)
+        os.close(null)
     assert r.status == "ok" and r.stdout.split() == ["2", "sandboxrun-init"], r
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def test_native_stage_is_what_root_runs_use(monkeypatch: pytest.MonkeyPatch) -> None:
