@@ -46,7 +46,6 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
         where = {**fds, 3: memfd}
         if pid1 and stage_clones:
             return _spawn_cloning(path, mode, where)
-        where.pop(_INTO_CGROUP_FD, None)  # only the stage that clones PID 1 can use it
         actions = _file_actions(where, temps)
         actions.append((os.POSIX_SPAWN_CLOSE, _PIDNS_FD))  # an fd 5 of our caller's would say "clone"
         pid = -1
