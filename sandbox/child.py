@@ -195,7 +195,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
             sub = [""]
             try:
                 if plan.view_template >= 0:
-                    idmapped = filesystem.enter_template(plan.view_template, plan.view, sub)
+                    idmapped = filesystem.enter_template(plan.view_template, plan.view, sub, plan.nested_userns)
                 else:
                     idmapped = filesystem.build_view(plan.view, sub)
             except OSError as e:

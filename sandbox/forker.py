@@ -92,9 +92,9 @@ class _ForkSide:
     templates: dict[tuple[object, ...], int] | None = None  # only a long-lived forker keeps them
 
     def _template_for(self, plan: RunPlan) -> int:
-        """A prepared mount namespace for this view (root only: a user namespace's mount of
-        /proc needs the host's /proc visible, which a template no longer has)."""
-        if self.templates is None or self.rootless or plan.view is None:
+        """A prepared mount namespace for this view (rootless: one that also holds a proc,
+        without which a user namespace cannot mount its own; see filesystem.template_ops)."""
+        if self.templates is None or plan.view is None:
             return -1
         from .isolation.filesystem import template_key
 
@@ -103,7 +103,7 @@ class _ForkSide:
             return -1
         fd = self.templates.get(key)
         if fd is None:
-            fd = _make_template(plan)
+            fd = _make_template(plan, self.rootless)
             if fd < 0:
                 return -1
             if len(self.templates) >= 8:  # a few profiles in use at once; drop the oldest
@@ -150,7 +150,7 @@ class _ForkSide:
         return pid
 
 
-def _make_template(plan: RunPlan) -> int:
+def _make_template(plan: RunPlan, rootless: bool = False) -> int:
     """Fork a helper that builds the view's static part in a new mount namespace; keep an
     fd to that namespace (it lives as long as the fd) and let the helper go."""
     import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
@@ -167,7 +167,7 @@ def _make_template(plan: RunPlan) -> int:
                 signals.signal(sig, signals.SIG_DFL)
             unshare(CLONE_NEWNS)
             assert plan.view is not None
-            build_template(plan.view, [""])
+            build_template(plan.view, [""], rootless)
             theirs.send(b"1")
             theirs.recv(1)  # until the forker has opened our namespace
         except BaseException:  # noqa: BLE001 - fall back to building each view in full

@@ -300,6 +300,29 @@ def test_nested_profile_runs_rootless(rootless_probe: dict) -> None:
     assert r["isolation"]["namespaces"] == [] and r["isolation"]["filesystem"] in ("host", "none")
 
 
+# Two library runs of one process (the rootless fork server keeps a template of the view).
+_TEMPLATE_RUNS = r"""
+import json, sandbox
+inside = "import json, os; print(json.dumps([os.stat('/').st_dev, [l.split()[2] for l in open('/proc/self/mountinfo') if ' - proc ' in l], os.getpid() == int(os.readlink('/proc/self')), os.path.lexists('/run/.proc')]))"
+print(json.dumps([json.loads(sandbox.run(["python3", "-c", inside], profile="rootless").stdout) for _ in range(2)]))
+"""
+
+
+def test_rootless_library_runs_copy_a_template_and_keep_no_proc_of_it(tree: Tree) -> None:
+    cp = tree.as_user([SYS_PYTHON, "-c", _TEMPLATE_RUNS])
+    assert cp.returncode == 0, cp.stderr
+    (root_a, procs_a, own_a, staged_a), (root_b, procs_b, own_b, staged_b) = json.loads(cp.stdout)
+    # One root filesystem for both: a template's, copied (a view built in full mounts a fresh one)
+    assert root_a == root_b
+    for procs, own, staged in ((procs_a, own_a, staged_a), (procs_b, own_b, staged_b)):
+        # The run's own proc only (its read-only and masked parts are binds of it): the
+        # template's, of the fork server's pid namespace, is neither stacked below nor aside
+        assert len(set(procs)) == 1, procs
+        assert own  # /proc/self is the run's own pid: the proc of the run's pid namespace
+        assert not staged
+    assert procs_a != procs_b  # each run its own
+
+
 def test_isolation_suite_passes_rootless(tree: Tree) -> None:
     """tests/test_isolation.py, unchanged, as the unprivileged user with the rootless profile."""
     tests = tree.path / "tests" / "test_isolation.py"

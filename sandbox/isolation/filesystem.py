@@ -26,6 +26,7 @@ from .syscalls import (
     CLONE_NEWNS,
     MNT_DETACH,
     MS_BIND,
+    MS_MOVE,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
@@ -56,6 +57,7 @@ _LOCKED_FLAGS = (
     (os.ST_RDONLY, MS_RDONLY), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
     (os.ST_RELATIME, MS_RELATIME),
 )
+PROC_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC
 NEW_ROOT = "/tmp"  # any existing directory: the tmpfs over it is private to our mount namespace
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 # pressure: readable, but a trigger written there is a kernel poller the run would leave running
@@ -151,6 +153,9 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 #   Q root                            the new root the view is built under: until P, no link may be in
 #                                     the way of a path below it (it would resolve on the host)
 #   e fd nstype / u flags / c path    setns / unshare / chdir
+#   U path / v source target / d path umount2(MNT_DETACH) / move a mount (MS_MOVE) / rmdir: a
+#                                     rootless run's /proc from a template (Python child only:
+#                                     the stage never runs a rootless caller's plan)
 
 
 class ViewOps:
@@ -252,11 +257,15 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     p.op("w", f"{root}/etc/hosts", 0o644, f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
 
 
-def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool) -> tuple[str, int]:
+def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) -> tuple[str, int]:
     """The caller's workdir, opened while the host's mount tree is still visible: a detached
-    clone (idmapped onto the run's ids when asked), a plain fd, or nothing (a fresh tmpfs)."""
+    clone (idmapped onto the run's ids when asked), a plain fd, or nothing (a fresh tmpfs).
+    own_ns: a rootless caller may clone a tree only in a mount namespace of its own user
+    namespace, so it first takes a private copy of the host's (dropped at the template)."""
     if spec.workdir_idmap is not None or (tree and spec.workdir_host):
         p.sub("mount:open-workdir")
+        if own_ns:
+            p.op("u", CLONE_NEWNS)
         k = p.slot()
         p.op("W", k, spec.workdir_host)
         if spec.workdir_id is not None:
@@ -273,8 +282,9 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool) -> tuple[str, int]:
     return "tmpfs", -1
 
 
-def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int]) -> None:
-    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc."""
+def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], swap_proc: bool = False) -> None:
+    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc.
+    swap_proc: a rootless run copied from a template replaces the template's /proc (below)."""
     p.sub("mount:tmp")
     p.mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
     p.mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
@@ -297,7 +307,19 @@ def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int]) 
         p.op("M", k, target)
     p.sub("mount:proc")  # before pivot_root: a rootless caller needs a visible /proc to mount one
     proc = f"{root}/proc"
-    p.mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if swap_proc:
+        # In a user namespace the kernel mounts a proc only where a fully visible one is
+        # already mounted (mount_too_revealing): the template's own. The run's is mounted
+        # beside it, the template's (of the fork server's pid namespace) detached, and the
+        # run's moved into its place: nothing of the template's proc is left in the run.
+        staging = f"{root}/run/.proc"
+        p.op("k", staging, 0o555)
+        p.mount("proc", staging, "proc", PROC_FLAGS)
+        p.op("U", proc)
+        p.op("v", staging, proc)
+        p.op("d", staging)
+    else:
+        p.mount("proc", proc, "proc", PROC_FLAGS)
     for name in PROC_READONLY:
         p.op("r", f"{proc}/{name}")
     for name in PROC_MASKED:
@@ -311,17 +333,18 @@ def _pivot_and_seal(p: ViewOps, root: str) -> None:
     p.mount("", "/", "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def view_ops(spec: ViewSpec, template_fd: int = -1) -> ViewOps:
+def view_ops(spec: ViewSpec, template_fd: int = -1, rootless: bool = False) -> ViewOps:
     """The filesystem step in a fresh mount namespace: the whole view, or (template_fd >= 0,
-    a prepared template namespace) a private copy of the template plus the per-run mounts."""
+    a prepared template namespace) a private copy of the template plus the per-run mounts.
+    rootless: the caller is in a user namespace of its own (the rootless fork server)."""
     p = ViewOps()
     if template_fd >= 0:
-        work = _workdir(p, spec, tree=True)
+        work = _workdir(p, spec, tree=True, own_ns=rootless)
         p.sub("mount:enter-template")
         p.op("e", template_fd, CLONE_NEWNS)
         p.op("u", CLONE_NEWNS)
         p.op("c", "/")
-        _per_run_part(p, "", spec, work)
+        _per_run_part(p, "", spec, work, swap_proc=rootless)
     else:
         p.sub("mount:private")
         p.mount("", "/", "", MS_REC | MS_PRIVATE)
@@ -334,14 +357,18 @@ def view_ops(spec: ViewSpec, template_fd: int = -1) -> ViewOps:
     return p
 
 
-def template_ops(spec: ViewSpec) -> ViewOps:
+def template_ops(spec: ViewSpec, rootless: bool = False) -> ViewOps:
     """A view's static part, pivoted into and sealed, in the caller's fresh mount namespace:
     a template that runs copy instead of rebuilding it. Saves each run the binds, the pivot
-    and the detach of the host's mount tree."""
+    and the detach of the host's mount tree. rootless: the template also holds a proc, which
+    a run in a user namespace needs to mount its own (each run swaps it for its own)."""
     p = ViewOps()
     p.mount("", "/", "", MS_REC | MS_PRIVATE)
     opened, devices = _open_sources(p, spec)
     _static_part(p, NEW_ROOT, spec, opened, devices)
+    if rootless:
+        p.sub("mount:proc")
+        p.mount("proc", f"{NEW_ROOT}/proc", "proc", PROC_FLAGS)
     _pivot_and_seal(p, NEW_ROOT)
     return p
 
@@ -487,6 +514,12 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 unshare(a[0])
             elif code == "c":
                 os.chdir(a[0])
+            elif code == "U":
+                umount2(a[0], MNT_DETACH)
+            elif code == "v":
+                mount(a[0], a[1], None, MS_MOVE)
+            elif code == "d":
+                os.rmdir(a[0])
             else:
                 raise ValueError(f"unknown view operation {code!r}")
     finally:
@@ -501,16 +534,16 @@ def build_view(spec: ViewSpec, step: list[str]) -> bool:
     return apply(view_ops(spec), step)
 
 
-def build_template(spec: ViewSpec, step: list[str]) -> None:
+def build_template(spec: ViewSpec, step: list[str], rootless: bool = False) -> None:
     """A view's static part in the calling process's fresh mount namespace (see template_ops)."""
-    apply(template_ops(spec), step)
+    apply(template_ops(spec, rootless), step)
 
 
-def enter_template(template_fd: int, spec: ViewSpec, step: list[str]) -> bool:
+def enter_template(template_fd: int, spec: ViewSpec, step: list[str], rootless: bool = False) -> bool:
     """Per run: clone the workdir while still in the host's namespace, switch to a private
     copy of the template, add the per-run mounts. The template's root tmpfs is shared and
     read-only; every writable place is a per-run mount."""
-    return apply(view_ops(spec, template_fd), step)
+    return apply(view_ops(spec, template_fd, rootless), step)
 
 
 def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
