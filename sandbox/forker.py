@@ -48,6 +48,7 @@ class ChildFds:
     cgroup: list[int]
     cgroup_tasks: bool = False
     netns: int = -1  # a ready network namespace to enter instead of making one (native stage)
+    netns_parent: bool = False  # netns is the parent to make the run's own from (a batch's runs)
     cgroup_dir: int = -1  # the run's cgroup v2 directory, to clone PID 1 into (native stage)
 
     def all(self) -> list[int]:

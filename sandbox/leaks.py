@@ -37,12 +37,14 @@ def _proc(pid: int | str, name: str) -> str:
 
 
 def template_fds() -> set[int]:
-    """This process's prepared mount-namespace templates and ready network namespaces
-    (bounded caches that persist between runs by design, like the fork server)."""
+    """This process's prepared mount-namespace templates, ready network namespaces and their
+    parent (bounded caches that persist between runs by design, like the fork server)."""
     sup = sys.modules.get("sandbox.supervisor")
     forker = getattr(sup, "_native", None)
     ready = getattr(forker, "netns", None)
-    return set((getattr(forker, "templates", None) or {}).values()) | set(ready.fds() if ready else ())
+    net = sys.modules.get("sandbox.isolation.network")
+    parent = set(getattr(net, "_parent", ())) - {-1}
+    return set((getattr(forker, "templates", None) or {}).values()) | set(ready.fds() if ready else ()) | parent
 
 
 def open_fds(pid: int | str = "self") -> int:

@@ -362,6 +362,20 @@ NPROC_MARGIN = 8
 NOGROUP = 65534  # the group of a run that runs as a directory's owner
 
 
+def _network_namespace(ready: Any, *, batch: bool) -> tuple[int, bool]:
+    """(fd, is_parent) for the stage: a namespace made ahead, whose making is off the run's
+    path (a single run: its latency counts); or, in a batch, where every CPU is busy and only
+    the CPU a run costs counts, the parent to make the run's own from (network.parent_namespace):
+    the stage makes it in C, without the namespace thread's Python and hand-offs."""
+    if batch:
+        from .isolation.network import parent_namespace
+
+        parent = parent_namespace()
+        if parent >= 0:
+            return os.dup(parent), True
+    return ready.take(), False
+
+
 def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int, born_there: bool = False) -> None:
     """Move the child into its cgroup (while it builds its filesystem), then tell it; one
     `born_there` (cloned into it) is only told."""
@@ -493,7 +507,9 @@ def execute(req: Request) -> Result:
             except OSError:
                 cg_dir = -1  # moved as before
         ready = getattr(forker, "netns", None)
-        netns = ready.take() if ready is not None and plan.loopback else -1
+        netns, netns_parent = -1, False
+        if ready is not None and plan.loopback:
+            netns, netns_parent = _network_namespace(ready, batch=req.cgroup_slots is not None)
         if netns >= 0:
             opened.append(netns)
         if lease is not None and cg is None and not plan.pid_namespace:
@@ -504,7 +520,8 @@ def execute(req: Request) -> Result:
             sweep_orphans()
             kill_processes_of(lease.uid)
         try:
-            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns, cg_dir))
+            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns,
+                                                   netns_parent, cg_dir))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # Only the child may hold the write ends now, so EOF means it is gone.
@@ -518,7 +535,7 @@ def execute(req: Request) -> Result:
         if netns >= 0:
             os.close(netns)  # the child holds it now
             opened.remove(netns)
-        if ready is not None and plan.loopback:
+        if ready is not None and plan.loopback and not netns_parent:
             ready.refill()  # wakes the thread that makes the next runs' namespaces
         if req.pty_master is not None:
             os.close(out_r)  # the terminal carries both streams

@@ -302,6 +302,37 @@ def test_ready_network_namespaces_own_small_socket_tables_and_leave_the_host_alo
         assert f.read() == before
 
 
+def test_a_batch_makes_each_runs_network_namespace_from_the_parent_never_in_it() -> None:
+    """In a batch the stage makes the run's namespace from the parent (network.parent_namespace)
+    instead of taking one made ahead: the pool is left alone, and no run is ever in the parent
+    or in another run's namespace."""
+    from sandbox import supervisor
+    from sandbox.isolation.network import parent_namespace
+
+    sandbox.run(["/bin/true"])
+    ready = supervisor._native.netns
+    assert ready is not None and ready.wait_ready()
+    parent = parent_namespace()
+    if parent < 0:
+        pytest.skip("no parent namespace on this kernel (before 6.1)")
+
+    def pool() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in ready.fds()}
+
+    before = pool()
+    cmd = ["sh", "-c", "readlink /proc/self/ns/net; cat /proc/sys/net/ipv4/tcp_ehash_entries"]
+    rs = list(sandbox.run_many([{"command": cmd}] * 6, concurrency=2))
+    assert all(r.status == "ok" for r in rs), rs
+    seen = [r.stdout.split()[0] for r in rs]
+    assert len(set(seen)) == 6, seen  # one each
+    assert os.readlink(f"/proc/self/fd/{parent}") not in seen
+    assert not set(seen) & before and pool() == before  # none of the pool's, which stays as it was
+    assert {r.stdout.split()[1] for r in rs} == {"256"}  # the parent's small socket tables
+    r = next(sandbox.run_many([{"command": ["python3", "-c", "import socket; s = socket.create_server(('127.0.0.1', 0)); "
+                                                         "socket.create_connection(s.getsockname()); print('up')"]}]))
+    assert r.status == "ok" and r.stdout == "up\n", r  # loopback up
+
+
 @pytest.mark.skipif(shutil.which("musl-gcc") is None or "CC" in os.environ, reason="musl-gcc is not installed")
 def test_stage_is_linked_against_musl_where_musl_gcc_is_there() -> None:
     """glibc's static start-up runs some 75 cpuid instructions (each a VM exit) on every run

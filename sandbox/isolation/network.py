@@ -6,6 +6,7 @@ run) is kept for real link work, not this.
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import socket
@@ -29,6 +30,45 @@ CHILD_HASH_BUCKETS = 256
 CHILD_HASH_TABLES = ("tcp_child_ehash_entries", "udp_child_hash_entries")
 
 
+_parent: list[int] = []  # [fd] once made; [-1] where it cannot be
+_parent_lock = _thread.allocate_lock()
+
+
+def parent_namespace() -> int:
+    """An fd of a network namespace that no run ever enters, in which the kernel's
+    tcp_child_ehash_entries and udp_child_hash_entries are small: a namespace made from it
+    gets socket hash tables of its own, and tearing that down purges those few buckets
+    instead of walking the host's whole TCP table (~0.3 ms a run). Made once per process,
+    by a thread that ends at once (so nothing of ours stays in it); -1 where the kernel has
+    no such settings (before 6.1) or refuses. Nothing else of it reaches the children, and
+    the host's own settings are untouched."""
+    if _parent:
+        return _parent[0]
+    import threading
+
+    made = [-1]
+
+    def make() -> None:
+        from .syscalls import CLONE_NEWNET, unshare
+
+        try:
+            unshare(CLONE_NEWNET)  # this thread only, which ends next
+            for name in CHILD_HASH_TABLES:  # read from the thread's own namespace
+                with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
+                    f.write(str(CHILD_HASH_BUCKETS))
+            made[0] = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+
+    with _parent_lock:
+        if not _parent:
+            t = threading.Thread(target=make, name="sandboxrun-netns-parent", daemon=True)
+            t.start()
+            t.join()
+            _parent.append(made[0])
+    return _parent[0]
+
+
 class ReadyNamespaces:
     """A few fresh network namespaces with loopback up, made ahead of the runs that use them.
 
@@ -40,11 +80,9 @@ class ReadyNamespaces:
     another CPU than the stage it would otherwise slow down. Each namespace serves one run
     and is never reused (a used one keeps state: TIME_WAIT sockets, abstract socket names).
 
-    The thread makes them from a parent namespace of its own, in which the kernel's
-    tcp_child_ehash_entries and udp_child_hash_entries are small: each run's namespace then
-    gets socket hash tables of its own, and tearing it down purges those few buckets instead
-    of walking the host's whole TCP table (~0.3 ms a run). Nothing else of the parent reaches
-    the children, and no run ever enters it; the host's own settings are untouched.
+    The thread makes them from parent_namespace(), so that each gets small socket tables of
+    its own. A batch (CPU-bound: every CPU busy) does not use them: its stage makes the run's
+    namespace from the same parent itself, which spares this thread's Python and its hand-offs.
     """
 
     def __init__(self, size: int = 2) -> None:
@@ -132,28 +170,16 @@ class ReadyNamespaces:
                 return
 
     def _enter_parent(self) -> None:
-        """Move this thread into a fresh parent namespace with small per-namespace hash
-        tables for the namespaces made from it; where the kernel has no such settings
-        (before 6.1) or refuses, stay in our own."""
-        from .syscalls import CLONE_NEWNET, setns, unshare
+        """Move this thread into the parent namespace (parent_namespace); where there is
+        none, stay in our own."""
+        from .syscalls import CLONE_NEWNET, setns
 
-        here = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
+        parent = parent_namespace()
+        if parent >= 0:
             try:
-                unshare(CLONE_NEWNET)
+                setns(parent, CLONE_NEWNET)
             except OSError:
-                return  # _make_one reports it, if it matters
-            try:
-                for name in CHILD_HASH_TABLES:  # read from the thread's own namespace
-                    with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
-                        f.write(str(CHILD_HASH_BUCKETS))
-            except OSError:
-                try:
-                    setns(here, CLONE_NEWNET)
-                except OSError as e:
-                    raise RuntimeError(f"sandboxrun: cannot return this thread to its network namespace: {e}") from e
-        finally:
-            os.close(here)
+                pass  # made from our own namespace then, with the host's socket tables
 
     def _make_one(self) -> bool:
         from .syscalls import CLONE_NEWNET, setns, unshare

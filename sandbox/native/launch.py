@@ -155,6 +155,12 @@ def _read_line(fd: int) -> str:
     return data.decode(errors="replace").strip()
 
 
+def _netns_mode(fds: ChildFds, plan: RunPlan) -> str:
+    if fds.netns < 0 or not plan.loopback:
+        return ""
+    return "parent" if fds.netns_parent else "ready"
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, 0)
@@ -245,7 +251,7 @@ class NativeForker:
         tasks = len(fds.cgroup) if fds.cgroup_tasks else 0
         try:
             program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
-                                       netns=fds.netns >= 0 and plan.loopback)
+                                       netns=_netns_mode(fds, plan))
         except OSError as e:  # a bind source gone or reached through a link since the checks
             raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
         where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}

@@ -84,10 +84,11 @@ def supports(plan: RunPlan) -> bool:
 _compiled: dict[tuple[object, ...], bytes] = {}
 
 
-def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0, netns: bool = False) -> bytes:
+def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0, netns: str = "") -> bytes:
     """`cgroup`: wait for the supervisor's "joined" message; `tasks`: how many v1 hierarchies
     to join by ourselves (their tasks files at TASKS_FD...), before PID 1 exists; `netns`:
-    enter the ready network namespace at NETNS_FD instead of making one.
+    "ready", enter the ready network namespace at NETNS_FD instead of making one; "parent",
+    make it from the namespace at NETNS_FD (network.parent_namespace).
 
     Every step but the last depends only on the profile, the run's uid and the workdir,
     which repeat from run to run: that part is compiled once per combination (a full
@@ -116,7 +117,7 @@ def _exec(plan: RunPlan) -> bytes:
     return p.bytes()
 
 
-def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bool) -> bytes:
+def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: str) -> bytes:
     p = Program(plan.extra.get("fail_step"))
     if plan.trace:
         p.op("R")
@@ -135,7 +136,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
     if template:
         now &= ~CLONE_NEWNS  # made from the template
     if netns:
-        now &= ~CLONE_NEWNET  # entered at the network step
+        now &= ~CLONE_NEWNET  # entered (or made) at the network step
     if now:
         p.op("u", now)
     if plan.view is not None:
@@ -148,9 +149,12 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: bo
             p.op("C", plan.cwd, *plan.extra["cwd_id"])
     if plan.loopback:
         p.step("network")
-        if netns:
+        if netns == "ready":
             p.op("e", NETNS_FD, CLONE_NEWNET)  # fresh, loopback already up
         else:
+            if netns == "parent":  # (the fds step closes the parent's fd before the exec)
+                p.op("e", NETNS_FD, CLONE_NEWNET)
+                p.op("u", CLONE_NEWNET)
             p.op("N")
     if plan.hostname:
         p.step("hostname")
