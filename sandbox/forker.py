@@ -123,6 +123,9 @@ class _ForkSide:
             # the supervisor moves it while it starts. This forker is ours (the fork server,
             # or the one-shot CLI itself); the child resets the rest (child._reset_process_state).
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        stage = plan.extra.get("stage")
+        if isinstance(stage, str):
+            return self._spawn_stage(stage, plan, fds)
         if plan.pid_namespace:
             try:
                 unshare(CLONE_NEWPID)
@@ -149,6 +152,26 @@ class _ForkSide:
             finally:
                 os._exit(125)
         return pid
+
+
+    def _spawn_stage(self, path: str, plan: RunPlan, fds: ChildFds) -> int:
+        """The native stage instead of a Python child (posix_spawn: no copy of our pages), as
+        PID 1 of a new pid namespace where the plan has one, copying our template if any."""
+        from .native import ops
+        from .native.launch import _spawn_stage
+
+        template = plan.view_template
+        try:
+            program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup))
+        except OSError as e:  # a bind source gone or reached through a link since the checks
+            raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
+        where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
+        if fds.cgroup:
+            where[ops.CGROUP_FD] = fds.cgroup[0]
+        if template >= 0:
+            where[ops.TEMPLATE_FD] = template
+        mode = "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage"
+        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace)[0]
 
 
 def _make_template(plan: RunPlan, rootless: bool = False) -> int:
@@ -420,6 +443,11 @@ class ServerForker:
         return ours
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
+        from .native import ops, stage_path
+
+        path = stage_path() if ops.supports(plan) else None
+        if path:  # the server spawns the native stage (a rootless caller's; root's use it directly)
+            plan.extra["stage"] = path
         with self._lock:
             for attempt in (1, 2):
                 if self._sock is None or self._owner != os.getpid():

@@ -304,30 +304,41 @@ def test_nested_profile_runs_rootless(rootless_probe: dict) -> None:
 _TEMPLATE_RUNS = r"""
 import json, sandbox
 inside = "import json, os; print(json.dumps([os.stat('/').st_dev, [l.split()[2] for l in open('/proc/self/mountinfo') if ' - proc ' in l], os.getpid() == int(os.readlink('/proc/self')), os.path.lexists('/run/.proc')]))"
-print(json.dumps([json.loads(sandbox.run(["python3", "-c", inside], profile="rootless").stdout) for _ in range(2)]))
+runs = [sandbox.run(["python3", "-c", inside], profile="rootless", trace=True) for _ in range(2)]
+print(json.dumps([[json.loads(r.stdout), sorted(r.trace or {})] for r in runs]))
 """
 
+# Which child the library's fork server starts for a rootless run: the native stage, or the
+# Python child (where no stage could be built, or SANDBOXRUN_NATIVE=0).
+CHILDREN = {"native": [], "python": ["env", "SANDBOXRUN_NATIVE=0"]}
 
-def test_rootless_library_runs_copy_a_template_and_keep_no_proc_of_it(tree: Tree) -> None:
-    cp = tree.as_user([SYS_PYTHON, "-c", _TEMPLATE_RUNS])
+
+@pytest.mark.parametrize("child", CHILDREN)
+def test_rootless_library_runs_copy_a_template_and_keep_no_proc_of_it(tree: Tree, child: str) -> None:
+    cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-c", _TEMPLATE_RUNS])
     assert cp.returncode == 0, cp.stderr
-    (root_a, procs_a, own_a, staged_a), (root_b, procs_b, own_b, staged_b) = json.loads(cp.stdout)
+    runs = json.loads(cp.stdout)
+    (root_a, procs_a, *_), (root_b, procs_b, *_) = (inside for inside, _steps in runs)
     # One root filesystem for both: a template's, copied (a view built in full mounts a fresh one)
     assert root_a == root_b
-    for procs, own, staged in ((procs_a, own_a, staged_a), (procs_b, own_b, staged_b)):
+    for (_root, procs, own, staged), steps in runs:
         # The run's own proc only (its read-only and masked parts are binds of it): the
         # template's, of the fork server's pid namespace, is neither stacked below nor aside
         assert len(set(procs)) == 1, procs
         assert own  # /proc/self is the run's own pid: the proc of the run's pid namespace
         assert not staged
+        # The stage's program names the pid namespace its caller made; the Python child starts later
+        assert ("pid_namespace" in steps) == (child == "native"), steps
     assert procs_a != procs_b  # each run its own
 
 
-def test_isolation_suite_passes_rootless(tree: Tree) -> None:
-    """tests/test_isolation.py, unchanged, as the unprivileged user with the rootless profile."""
+@pytest.mark.parametrize("child", CHILDREN)
+def test_isolation_suite_passes_rootless(tree: Tree, child: str) -> None:
+    """tests/test_isolation.py, unchanged, as the unprivileged user with the rootless profile,
+    through the native stage and through the Python child."""
     tests = tree.path / "tests" / "test_isolation.py"
-    args = [SYS_PYTHON, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p", "sandboxrun_rootless_defaults",
-            f"--rootdir={tree.path}", f"--basetemp={tree.home / 'pytest'}", str(tests)]
+    args = [*CHILDREN[child], SYS_PYTHON, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-p",
+            "sandboxrun_rootless_defaults", f"--rootdir={tree.path}", f"--basetemp={tree.home / 'pytest'}", str(tests)]
     for name in ROOTLESS_DESELECT:
         args.append(f"--deselect=tests/test_isolation.py::{name}")
     cp = tree.as_user(args, timeout=300)

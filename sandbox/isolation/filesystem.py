@@ -153,9 +153,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 #   Q root                            the new root the view is built under: until P, no link may be in
 #                                     the way of a path below it (it would resolve on the host)
 #   e fd nstype / u flags / c path    setns / unshare / chdir
-#   U path / v source target / d path umount2(MNT_DETACH) / move a mount (MS_MOVE) / rmdir: a
-#                                     rootless run's /proc from a template (Python child only:
-#                                     the stage never runs a rootless caller's plan)
+#   X path / v source target / f path umount2(MNT_DETACH) / move a mount (MS_MOVE) / rmdir: a
+#                                     rootless run's /proc from a template
 
 
 class ViewOps:
@@ -315,9 +314,9 @@ def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], 
         staging = f"{root}/run/.proc"
         p.op("k", staging, 0o555)
         p.mount("proc", staging, "proc", PROC_FLAGS)
-        p.op("U", proc)
+        p.op("X", proc)
         p.op("v", staging, proc)
-        p.op("d", staging)
+        p.op("f", staging)
     else:
         p.mount("proc", proc, "proc", PROC_FLAGS)
     for name in PROC_READONLY:
@@ -514,11 +513,11 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                 unshare(a[0])
             elif code == "c":
                 os.chdir(a[0])
-            elif code == "U":
+            elif code == "X":
                 umount2(a[0], MNT_DETACH)
             elif code == "v":
                 mount(a[0], a[1], None, MS_MOVE)
-            elif code == "d":
+            elif code == "f":
                 os.rmdir(a[0])
             else:
                 raise ValueError(f"unknown view operation {code!r}")

@@ -74,10 +74,8 @@ MAX_SLOTS = 64  # stage.c: fds held between opening the bind sources and binding
 
 
 def supports(plan: RunPlan) -> bool:
-    """Plans the stage can run: everything but a rootless caller's nested user namespace
-    and views with more binds than the stage has slots for (the Python child runs those)."""
-    if plan.nested_userns:
-        return False
+    """Plans the stage can run: all but views with more binds than the stage has slots for
+    (the Python child runs those)."""
     return plan.view is None or len(plan.view.binds) + len(DEVICES) + 1 <= MAX_SLOTS
 
 
@@ -98,7 +96,7 @@ def compile_plan(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int = 0,
         key = (plan.view, plan.extra.get("fallback_ids"), plan.extra.get("fail_step"), plan.unshare_flags,
                plan.pid_namespace, plan.cwd, plan.loopback, plan.hostname, plan.rlimits, plan.uid, plan.gid,
                plan.landlock, plan.landlock_ro, plan.landlock_rw, plan.seccomp_bpf, plan.trace, plan.pty,
-               cgroup, tasks, netns)
+               plan.nested_userns, cgroup, tasks, netns)
         steps = _compiled.get(key)
         if steps is not None:
             return steps + _exec(plan)
@@ -141,7 +139,7 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: st
         p.op("u", now)
     if plan.view is not None:
         p.step("filesystem")
-        p.extend(view_ops(plan.view, TEMPLATE_FD if template else -1))
+        p.extend(view_ops(plan.view, TEMPLATE_FD if template else -1, plan.nested_userns))
     else:
         p.step("cwd")
         p.op("c", plan.cwd)
@@ -174,7 +172,10 @@ def _steps(plan: RunPlan, *, template: bool, cgroup: bool, tasks: int, netns: st
         p.step("landlock")
         p.op("a", plan.landlock, _nul(plan.landlock_ro), _nul(plan.landlock_rw))
     p.step("identity")
-    if plan.uid >= 0:
+    if plan.nested_userns:  # rootless: one more user namespace, which starts with a full bounding set
+        p.op("Y", plan.uid, plan.gid)
+        p.op("B", 0)
+    elif plan.uid >= 0:
         p.op("B", 0)
         p.op("U", plan.uid, plan.gid)
     else:  # an unprivileged caller without namespaces: keep its identity, drop what it can

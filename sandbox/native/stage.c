@@ -1,7 +1,8 @@
 /* sandboxrun's native stage: the child's setup steps and PID 1, without a Python child.
 
    The supervisor (Python) compiles a RunPlan into a program of ordered steps
-   (sandbox/native/ops.py) and posix_spawns this binary with the program on fd 3.
+   (sandbox/native/ops.py) and posix_spawns this binary with the program on fd 3 (a rootless
+   caller's fork server does, from inside its user namespace).
    Forking a Python process costs a page-table copy of its heap plus hundreds of
    copy-on-write faults; this stage is a few pages, so each run pays neither.
 
@@ -456,6 +457,26 @@ static void landlock_prepare(struct op *op) {
     ll_rules(landlock_rs, &op->a[1], LL_READ_ONLY, handled);
     ll_rules(landlock_rs, &op->a[2], handled, handled);
     report("A landlock=%ld", abi);
+}
+
+/* Rootless: one more user namespace, mapping the run's uid/gid onto ours (the fork server's
+   root, itself the caller on the host), so the command is not uid 0 even inside. */
+static void write_proc(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    CHECK(fd, "'%s'", path);
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text) ? 0 : -1, "'%s'", path);
+    close(fd);
+}
+
+static void enter_user_namespace(long inside_uid, long inside_gid) {
+    char map[64];
+    long uid = geteuid(), gid = getegid();
+    CHECK(unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)");
+    write_proc("/proc/self/setgroups", "deny");
+    snprintf(map, sizeof map, "%ld %ld 1\n", inside_uid, uid);
+    write_proc("/proc/self/uid_map", map);
+    snprintf(map, sizeof map, "%ld %ld 1\n", inside_gid, gid);
+    write_proc("/proc/self/gid_map", map);
 }
 
 static void drop_bounding_set(int best_effort) {
@@ -925,6 +946,9 @@ static void run(void) {
                   "mount %s", a1);
             break;
         }
+        case 'X': CHECK(umount2(a0, MNT_DETACH), "umount2 %s", a0); break;
+        case 'v': CHECK(mount(a0, a1, NULL, MS_MOVE, NULL), "move %s to %s", a0, a1); break;
+        case 'f': CHECK(rmdir(a0), "rmdir '%s'", a0); break;
         case 'r': proc_readonly(a0); break;
         case 'x': proc_mask(a0, a1); break;
         case 'P':
@@ -948,6 +972,7 @@ static void run(void) {
                 for (int fd = 3; fd < 1024; fd++) if (fd != REPORT_FD) close(fd);
             break;
         case 'a': landlock_prepare(&op); break;
+        case 'Y': enter_user_namespace(num(&op, 0), num(&op, 1)); break;
         case 'B': drop_bounding_set(num(&op, 0)); break;
         case 'U': {
             int uid = run_uid >= 0 ? run_uid : (int)num(&op, 0), gid = run_gid >= 0 ? run_gid : (int)num(&op, 1);
