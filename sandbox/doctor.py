@@ -379,12 +379,8 @@ def diagnose(profiles: list[str] | None = None) -> dict[str, Any]:
     from . import native
 
     why = native.unavailable()
-    stage: dict[str, object] = {"used": why is None, "path": native.stage_path() if why is None else None,
-                                "why_not": why}
-    if facts["rootless"] and why is None:
-        stage["note"] = "library runs (the fork server spawns it); a one-shot CLI run forks the Python child"
     return {
-        "native_stage": stage,
+        "native_stage": {"used": why is None, "path": native.stage_path() if why is None else None, "why_not": why},
         "version": __version__,
         "host": facts,
         "cgroup": cg,
@@ -419,8 +415,7 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"{'':<{width}}         likely cause: {r['cause']}")
     ns = rep.get("native_stage") or {}
     lines += ["", "child setup: " + ("native stage " + str(ns.get("path")) if ns.get("used")
-                                     else f"Python child ({ns.get('why_not')})")
-              + (f" ({ns['note']})" if ns.get("note") else "")]
+                                     else f"Python child ({ns.get('why_not')})")]
     lines += ["", "PROFILE     RUNS HERE"]
     for p in rep["profiles"]:
         if p["runs"]:

@@ -73,11 +73,17 @@ class _ForkSide:
     namespace (`own_pid_namespace`).
     """
 
-    def __init__(self, own_pid_namespace: bool = False) -> None:
-        from .child import preload
-
-        preload()
+    def __init__(self, own_pid_namespace: bool = False, preload: bool = True) -> None:
+        """`preload`: import what the Python child needs now (a fork server, whose children
+        share those pages), else just before the first fork of one (the one-shot CLI, whose
+        run the native stage usually takes: ~15 ms of imports it then never pays)."""
+        self.preloaded = False
+        if preload:
+            self._preload()
         self.rootless = os.geteuid() != 0
+        # Rootless and not PID 1 of a pid namespace of our own user namespace (the CLI): we
+        # could not setns back after an unshare(CLONE_NEWPID), so the stage makes that namespace.
+        self.stage_clones = self.rootless and not own_pid_namespace
         self.userns_error: tuple[int, str] | None = None
         if self.rootless:
             try:
@@ -89,6 +95,12 @@ class _ForkSide:
             except OSError as e:
                 self.userns_error = (e.errno or 0, str(e))
         self._orig_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def _preload(self) -> None:
+        from .child import preload
+
+        preload()
+        self.preloaded = True
 
     templates: dict[tuple[object, ...], int] | None = None  # only a long-lived forker keeps them
 
@@ -126,6 +138,8 @@ class _ForkSide:
         stage = plan.extra.get("stage")
         if isinstance(stage, str):
             return self._spawn_stage(stage, plan, fds)
+        if not self.preloaded:
+            self._preload()
         if plan.pid_namespace:
             try:
                 unshare(CLONE_NEWPID)
@@ -171,7 +185,7 @@ class _ForkSide:
         if template >= 0:
             where[ops.TEMPLATE_FD] = template
         mode = "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage"
-        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace)[0]
+        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace, stage_clones=self.stage_clones)[0]
 
 
 def _make_template(plan: RunPlan, rootless: bool = False) -> int:
@@ -272,15 +286,26 @@ class Launched:
         return None
 
 
+def _offer_stage(plan: RunPlan) -> None:
+    """Have the forker spawn the native stage for this plan where it can run it (the forkers
+    here serve rootless callers; root's use the stage directly, these only where it cannot)."""
+    from .native import ops, stage_path
+
+    path = stage_path() if ops.supports(plan) else None
+    if path:
+        plan.extra["stage"] = path
+
+
 class DirectForker(_ForkSide):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(preload=False)
         import gc
 
         gc.disable()  # a one-shot CLI: no collection may copy pages around the fork
         gc.freeze()
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
+        _offer_stage(plan)
         pid = self.fork_child(plan, fds)
         return Launched(pid, os.pidfd_open(pid), True)
 
@@ -443,11 +468,7 @@ class ServerForker:
         return ours
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
-        from .native import ops, stage_path
-
-        path = stage_path() if ops.supports(plan) else None
-        if path:  # the server spawns the native stage (a rootless caller's; root's use it directly)
-            plan.extra["stage"] = path
+        _offer_stage(plan)
         with self._lock:
             for attempt in (1, 2):
                 if self._sock is None or self._owner != os.getpid():

@@ -357,6 +357,17 @@ def test_cli_runs_rootless(tree: Tree) -> None:
     assert (cp.returncode, cp.stdout) == (0, "42\n"), cp.stderr
 
 
+@pytest.mark.parametrize("child", CHILDREN)
+def test_cli_runs_rootless_through_either_child(tree: Tree, child: str) -> None:
+    probe = "import os; s = open('/proc/self/status').read(); print(os.getuid(), 'CapEff:\t0000000000000000' in s, 'NoNewPrivs:\t1' in s, 'Seccomp:\t2' in s)"
+    cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-m", "sandbox", "--json", "--trace", "--profile", "rootless", "--",
+                       "python3", "-c", probe])
+    r = json.loads(cp.stdout)
+    assert r["status"] == "ok" and r["stdout"] == "1000 True True True\n", r
+    assert r["isolation"]["user_namespace"] and r["isolation"]["host_uid"] == tree.uid
+    assert ("pid_namespace" in r["trace"]) == (child == "native"), r["trace"]  # the stage's program names it
+
+
 def test_cli_passes_its_stdin_on_rootless(tree: Tree) -> None:
     cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", "--", "sh", "-c",
                        "cat; readlink /proc/self/fd/0"], input="hello\n")
