@@ -82,8 +82,8 @@ class FileCopy:
     pipe is gone (the run is over). The run waits for it briefly at its end, never longer.
 
     RuntimeError when no thread can be started: a process that unshared its children's pid
-    namespace and could not switch back (the rootless one-shot CLI) may not make threads
-    (EINVAL from clone); `stdin_w` is then still the caller's."""
+    namespace and could not switch back (the rootless one-shot CLI forking the Python child)
+    may not make threads (EINVAL from clone); `stdin_w` is then still the caller's."""
 
     def __init__(self, fd: int, stdin_w: int) -> None:
         self._src = os.dup(fd)

@@ -375,14 +375,16 @@ def test_cli_passes_its_stdin_on_rootless(tree: Tree) -> None:
     assert cp.stdout.startswith("hello\npipe:"), cp.stdout
 
 
-def test_cli_copies_a_stdin_file_rootless(tree: Tree) -> None:
-    # A regular file is copied by a thread, which a rootless one-shot CLI cannot start once
-    # it has unshared the run's pid namespace (clone answers EINVAL): it reads the file itself.
+@pytest.mark.parametrize("child", CHILDREN)
+def test_cli_copies_a_stdin_file_rootless(tree: Tree, child: str) -> None:
+    # A regular file is copied by a thread, which a rootless one-shot CLI forking the Python
+    # child cannot start once it has unshared the run's pid namespace (clone answers EINVAL):
+    # that one reads the file itself. With the stage (which makes that namespace) the thread.
     f = tree.home / "input.txt"
     f.write_text("from a file\n")
     os.chown(f, tree.uid, tree.gid)
-    cp = tree.as_user(["sh", "-c", f"exec {SYS_PYTHON} -m sandbox --profile rootless -- sh -c "
-                       f"'cat; readlink /proc/self/fd/0' < {f}"])
+    cp = tree.as_user(["sh", "-c", f"exec {' '.join(CHILDREN[child])} {SYS_PYTHON} -m sandbox --profile rootless -- "
+                       f"sh -c 'cat; readlink /proc/self/fd/0' < {f}"])
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.startswith("from a file\npipe:"), cp.stdout
 
