@@ -352,6 +352,7 @@ def serve(fd: int) -> None:
     """The fork server's loop: one request, one fork, one reply; reap children."""
     import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
 
+    os.set_inheritable(fd, False)  # passed to us inheritable: no child of ours may hold our caller's socket
     sock = socket.socket(fileno=fd)
     side = _ForkSide(own_pid_namespace=True)
     import gc
