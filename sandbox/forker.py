@@ -125,7 +125,8 @@ class _ForkSide:
             self.templates[key] = fd
         return fd
 
-    def fork_child(self, plan: RunPlan, fds: ChildFds) -> int:
+    def fork_child(self, plan: RunPlan, fds: ChildFds) -> tuple[int, bool]:
+        """The child's pid, and whether it was born in its cgroup (the stage, on cgroup v2)."""
         if self.userns_error and (plan.pid_namespace or plan.unshare_flags):
             err, msg = self.userns_error
             raise ForkError("user_namespace", err, f"cannot create a user namespace: {msg}")
@@ -165,14 +166,15 @@ class _ForkSide:
                 child_main(plan, fds.report, fds.cgroup)
             finally:
                 os._exit(125)
-        return pid
+        return pid, False
 
 
-    def _spawn_stage(self, path: str, plan: RunPlan, fds: ChildFds) -> int:
+    def _spawn_stage(self, path: str, plan: RunPlan, fds: ChildFds) -> tuple[int, bool]:
         """The native stage instead of a Python child (posix_spawn: no copy of our pages), as
-        PID 1 of a new pid namespace where the plan has one, copying our template if any."""
+        PID 1 of a new pid namespace where the plan has one, copying our template if any; on
+        cgroup v2 (fds.cgroup_dir) PID 1 is cloned into the run's cgroup, as for root."""
         from .native import ops
-        from .native.launch import _spawn_stage
+        from .native.launch import _INTO_CGROUP_FD, _spawn_stage
 
         template = plan.view_template
         try:
@@ -184,8 +186,11 @@ class _ForkSide:
             where[ops.CGROUP_FD] = fds.cgroup[0]
         if template >= 0:
             where[ops.TEMPLATE_FD] = template
+        into = fds.cgroup_dir >= 0 and plan.pid_namespace
+        if into:
+            where[_INTO_CGROUP_FD] = fds.cgroup_dir
         mode = "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage"
-        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace, stage_clones=self.stage_clones)[0]
+        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace, stage_clones=self.stage_clones or into)
 
 
 def _make_template(plan: RunPlan, rootless: bool = False) -> int:
@@ -297,6 +302,8 @@ def _offer_stage(plan: RunPlan) -> None:
 
 
 class DirectForker(_ForkSide):
+    clones_into_v2_cgroup = True  # where the stage runs the plan (_ForkSide._spawn_stage)
+
     def __init__(self) -> None:
         super().__init__(preload=False)
         import gc
@@ -306,8 +313,8 @@ class DirectForker(_ForkSide):
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         _offer_stage(plan)
-        pid = self.fork_child(plan, fds)
-        return Launched(pid, os.pidfd_open(pid), True)
+        pid, in_cgroup = self.fork_child(plan, fds)
+        return Launched(pid, os.pidfd_open(pid), True, in_cgroup=in_cgroup)
 
 
 # --------------------------------------------------------------------------- fork server
@@ -392,19 +399,21 @@ def serve(fd: int) -> None:
         plan = msg
         try:
             assert isinstance(plan, RunPlan)
-            child_fds = ChildFds(fds[0], fds[1], fds[2], fds[3], fds[4:])
+            cgroup_dir = fds[-1] if plan.extra.get("cgroup_dir") else -1  # sent last (ServerForker.spawn)
+            child_fds = ChildFds(fds[0], fds[1], fds[2], fds[3], fds[4:-1] if cgroup_dir >= 0 else fds[4:],
+                                 cgroup_dir=cgroup_dir)
             # No reaping between fork and pidfd_open: a child that fails at once would be
             # gone (its pid maybe reused) before we hold it.
             signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGCHLD})
             try:
-                pid = side.fork_child(plan, child_fds)
+                pid, in_cgroup = side.fork_child(plan, child_fds)
                 children.add(pid)
                 if not plan.pid_namespace:
                     own_tree.add(pid)
                 pidfd = os.pidfd_open(pid)
             finally:
                 signals.pthread_sigmask(signals.SIG_UNBLOCK, {signals.SIGCHLD})
-            reply: object = ("ok", pid, pid_namespace)
+            reply: object = ("ok", pid, pid_namespace, in_cgroup)
             out = [pidfd]
         except ForkError as e:
             reply, out, pidfd = ("error", e.step, e.errno or 0, e.strerror or str(e)), [], -1
@@ -444,6 +453,8 @@ def serve(fd: int) -> None:
 class ServerForker:
     """Client side of the fork server; safe from any number of threads."""
 
+    clones_into_v2_cgroup = True  # where the server's stage runs the plan (_ForkSide._spawn_stage)
+
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()
         self._sock: socket.socket | None = None
@@ -470,12 +481,16 @@ class ServerForker:
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         _offer_stage(plan)
+        sent = fds.all()
+        if fds.cgroup_dir >= 0:
+            plan.extra["cgroup_dir"] = True
+            sent.append(fds.cgroup_dir)
         with self._lock:
             for attempt in (1, 2):
                 if self._sock is None or self._owner != os.getpid():
                     self._sock = self._start()
                 try:
-                    _send_msg(self._sock, plan, fds.all())
+                    _send_msg(self._sock, plan, sent)
                 except OSError:
                     # The server died before this request: nothing was started, start a new one.
                     self._drop()
@@ -494,7 +509,7 @@ class ServerForker:
         # Its pid as we number it: the server's own where it shares our pid namespace (root);
         # else (rootless: a namespace of its own) /proc's number, from the pidfd.
         ours = reply[2] == os.stat("/proc/self/ns/pid").st_ino
-        return Launched(reply[1] if ours else host_pid(rfds[0]), rfds[0], False)
+        return Launched(reply[1] if ours else host_pid(rfds[0]), rfds[0], False, in_cgroup=reply[3])
 
     def _drop(self) -> None:
         if self._sock is not None:
