@@ -398,6 +398,43 @@ def test_rootless_pid1_is_born_in_its_delegated_v2_cgroup(tree: Tree, child: str
         os.rmdir(deleg)
 
 
+# The rootless fork server SIGKILLed while its stage-made sandbox runs: nothing of the run may
+# outlive it (the stage's parent-death signal; its pid namespace dies with it).
+_SERVER_KILLED = r"""
+import json, os, signal, threading, time, sandbox
+from sandbox import leaks
+mark = "sandboxrun-test-orphan-%d" % os.getpid()
+box = {}
+cmd = ["bash", "-c", f"(setsid bash -c 'exec -a {mark} sleep 30' &); exec -a {mark} sleep 31"]
+t = threading.Thread(target=lambda: box.setdefault("r", sandbox.run(cmd, profile="rootless", timeout=60)))
+t.start()
+deadline = time.monotonic() + 10
+while len(leaks.marked(mark)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+seen = len(leaks.marked(mark))
+for pid in leaks.forkserver_pids():
+    os.kill(pid, signal.SIGKILL)
+deadline = time.monotonic() + 1.0
+while leaks.marked(mark) and time.monotonic() < deadline:
+    time.sleep(0.01)
+left = [p.pid for p in leaks.marked(mark)]
+for pid in left:
+    os.kill(pid, signal.SIGKILL)
+t.join(20)
+print(json.dumps({"seen": seen, "left": left, "status": box["r"].status if "r" in box else None,
+                  "after": sandbox.run(["/bin/true"], profile="rootless").status}))
+"""
+
+
+@pytest.mark.parametrize("child", CHILDREN)
+def test_rootless_fork_server_killed_mid_run_leaves_nothing(tree: Tree, child: str) -> None:
+    cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-c", _SERVER_KILLED], timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    out = json.loads(cp.stdout)
+    assert out["seen"] == 2 and out["left"] == [], out  # both sleeps, the setsid one included, gone within 1 s
+    assert out["status"] in ("signaled", "setup_error") and out["after"] == "ok", out  # and a new server serves
+
+
 # ---------------------------------------------------------------------------- CLI as the user
 
 
