@@ -173,24 +173,9 @@ class _ForkSide:
         """The native stage instead of a Python child (posix_spawn: no copy of our pages), as
         PID 1 of a new pid namespace where the plan has one, copying our template if any; on
         cgroup v2 (fds.cgroup_dir) PID 1 is cloned into the run's cgroup, as for root."""
-        from .native import ops
-        from .native.launch import _INTO_CGROUP_FD, _spawn_stage
+        from .native.launch import spawn_plan
 
-        template = plan.view_template
-        try:
-            program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup))
-        except OSError as e:  # a bind source gone or reached through a link since the checks
-            raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
-        where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
-        if fds.cgroup:
-            where[ops.CGROUP_FD] = fds.cgroup[0]
-        if template >= 0:
-            where[ops.TEMPLATE_FD] = template
-        into = fds.cgroup_dir >= 0 and plan.pid_namespace
-        if into:
-            where[_INTO_CGROUP_FD] = fds.cgroup_dir
-        mode = "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage"
-        return _spawn_stage(path, mode, program, where, pid1=plan.pid_namespace, stage_clones=self.stage_clones or into)
+        return spawn_plan(path, plan, fds, plan.view_template, stage_clones=self.stage_clones)
 
 
 def _make_template(plan: RunPlan, rootless: bool = False) -> int:

@@ -155,6 +155,34 @@ def _read_line(fd: int) -> str:
     return data.decode(errors="replace").strip()
 
 
+def spawn_plan(path: str, plan: RunPlan, fds: ChildFds, template: int, *, stage_clones: bool) -> tuple[int, bool]:
+    """Compile `plan` for the stage and spawn it with the child's fds at the stage's numbers
+    (copying the template namespace `template`, if >= 0): its pid, and whether PID 1 was born
+    in the run's cgroup. For NativeForker, and for a rootless caller's fork server."""
+    tasks = len(fds.cgroup) if fds.cgroup_tasks else 0
+    try:
+        program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
+                                   netns=_netns_mode(fds, plan))
+    except OSError as e:  # a bind source gone or reached through a link since the checks
+        raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
+    where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
+    if fds.netns >= 0 and plan.loopback:
+        where[ops.NETNS_FD] = fds.netns
+    if tasks:
+        where.update({ops.TASKS_FD + i: fd for i, fd in enumerate(fds.cgroup)})
+    elif fds.cgroup:
+        where[ops.CGROUP_FD] = fds.cgroup[0]
+    if template >= 0:
+        where[ops.TEMPLATE_FD] = template
+    # cgroup v2: PID 1 cloned into the run's cgroup by the stage (one short-lived process
+    # more, ~0.1 ms) spares the supervisor's move of it, an RCU grace period when idle.
+    into = fds.cgroup_dir >= 0 and plan.pid_namespace
+    if into:
+        where[_INTO_CGROUP_FD] = fds.cgroup_dir
+    return _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program, where,
+                        pid1=plan.pid_namespace, stage_clones=stage_clones or into)
+
+
 def _netns_mode(fds: ChildFds, plan: RunPlan) -> str:
     if fds.netns < 0 or not plan.loopback:
         return ""
@@ -247,29 +275,7 @@ class NativeForker:
         path = stage_path()
         if path is None:
             raise ForkError("stage", 0, "the native stage is unavailable")
-        template = self._template_for(plan)
-        tasks = len(fds.cgroup) if fds.cgroup_tasks else 0
-        try:
-            program = ops.compile_plan(plan, template=template >= 0, cgroup=bool(fds.cgroup), tasks=tasks,
-                                       netns=_netns_mode(fds, plan))
-        except OSError as e:  # a bind source gone or reached through a link since the checks
-            raise ForkError("filesystem:mount:open-sources", e.errno or 0, e.strerror or str(e)) from None
-        where = {0: fds.stdin, 1: fds.stdout, 2: fds.stderr, 4: fds.report}
-        if fds.netns >= 0 and plan.loopback:
-            where[ops.NETNS_FD] = fds.netns
-        if tasks:
-            where.update({ops.TASKS_FD + i: fd for i, fd in enumerate(fds.cgroup)})
-        elif fds.cgroup:
-            where[ops.CGROUP_FD] = fds.cgroup[0]
-        if template >= 0:
-            where[ops.TEMPLATE_FD] = template
-        # cgroup v2: PID 1 cloned into the run's cgroup by the stage (one short-lived process
-        # more, ~0.1 ms) spares the supervisor's move of it, an RCU grace period when idle.
-        into = fds.cgroup_dir >= 0 and plan.pid_namespace
-        if into:
-            where[_INTO_CGROUP_FD] = fds.cgroup_dir
-        pid, in_cgroup = _spawn_stage(path, "sandboxrun-init" if plan.pid_namespace else "sandboxrun-stage", program,
-                                      where, pid1=plan.pid_namespace, stage_clones=self.stage_clones or into)
+        pid, in_cgroup = spawn_plan(path, plan, fds, self._template_for(plan), stage_clones=self.stage_clones)
         return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace, in_cgroup=in_cgroup)
 
     def close(self) -> None:
