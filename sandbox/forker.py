@@ -168,7 +168,6 @@ class _ForkSide:
                 os._exit(125)
         return pid, False
 
-
     def _spawn_stage(self, path: str, plan: RunPlan, fds: ChildFds) -> tuple[int, bool]:
         """The native stage instead of a Python child (posix_spawn: no copy of our pages), as
         PID 1 of a new pid namespace where the plan has one, copying our template if any; on
