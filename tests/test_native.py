@@ -333,6 +333,20 @@ def test_a_batch_makes_each_runs_network_namespace_from_the_parent_never_in_it()
     assert r.status == "ok" and r.stdout == "up\n", r  # loopback up
 
 
+def test_a_batch_without_a_parent_namespace_uses_namespaces_made_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no parent namespace can be made (a kernel before 6.1), a batch's runs take the
+    namespaces made ahead, each its own, as single runs do."""
+    from sandbox.isolation import network
+
+    monkeypatch.setattr(network, "parent_namespace", lambda: -1)
+    cmd = ["readlink", "/proc/self/ns/net"]
+    rs = list(sandbox.run_many([{"command": cmd}] * 4, concurrency=2))
+    seen = [r.stdout.strip() for r in rs]
+    assert all(r.status == "ok" for r in rs) and len(set(seen)) == 4, rs
+    with open("/proc/self/ns/net"):
+        assert os.readlink("/proc/self/ns/net") not in seen
+
+
 @pytest.mark.skipif(shutil.which("musl-gcc") is None or "CC" in os.environ, reason="musl-gcc is not installed")
 def test_stage_is_linked_against_musl_where_musl_gcc_is_there() -> None:
     """glibc's static start-up runs some 75 cpuid instructions (each a VM exit) on every run
