@@ -156,9 +156,14 @@ def run_ok(argv: Sequence[str], env: dict[str, str] | None = None) -> Callable[[
     return call
 
 
+# The profile sandboxrun runs under (--profile): strict, or rootless for an unprivileged user on a
+# host that delegates no cgroup. bwrap always runs with BWRAP_STRICT.
+PROFILE = "strict"
+
+
 def sandbox_ok(argv: list[str]) -> Callable[[], str | None]:
     def call() -> str | None:
-        r = sandbox.run(argv)
+        r = sandbox.run(argv, profile=PROFILE)
         return None if r.status == "ok" else f"{r.status}: {r.error or r.stderr[-200:]}"
 
     return call
@@ -231,18 +236,20 @@ def _bare_pool(argvs: list[list[str]], workers: int) -> int:
 
 
 def _run_many(argvs: list[list[str]], workers: int) -> int:
-    return sum(r.success for r in sandbox.run_many(({"command": a} for a in argvs), concurrency=workers))
+    return sum(r.success for r in sandbox.run_many(({"command": a} for a in argvs), concurrency=workers,
+                                                   profile=PROFILE))
 
 
 def _cli_batch(jsonl: str, workers: int, cli: list[str]) -> int:
-    p = subprocess.run([*cli, "batch", jsonl, "--concurrency", str(workers)], capture_output=True, timeout=3600)
+    p = subprocess.run([*cli, "batch", jsonl, "--concurrency", str(workers), "--profile", PROFILE], capture_output=True,
+                       timeout=3600)
     return sum(json.loads(line).get("success", False) for line in p.stdout.splitlines() if line.strip())
 
 
 def _cli_each(argvs: list[list[str]], workers: int, cli: list[str]) -> int:
     """One `sandboxrun` process per program: what a caller pays that shells out per snippet."""
     def one(a: list[str]) -> bool:
-        return subprocess.run([*cli, "--profile", "strict", "--", *a], stdin=subprocess.DEVNULL,
+        return subprocess.run([*cli, "--profile", PROFILE, "--", *a], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=60).returncode == 0
 
     with ThreadPoolExecutor(workers) as ex:
@@ -313,10 +320,10 @@ _DRAIN = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
 import sandbox
-n = int(sys.argv[1])
-sandbox.run(["/bin/true"])
+n, profile = int(sys.argv[1]), sys.argv[3]
+sandbox.run(["/bin/true"], profile=profile)
 t = time.perf_counter()
-r = sandbox.run(["head", "-c", str(n), "/dev/zero"], timeout=600)
+r = sandbox.run(["head", "-c", str(n), "/dev/zero"], timeout=600, profile=profile)
 d = time.perf_counter() - t
 print(json.dumps({"status": r.status, "bytes": r.stdout_bytes, "seconds": d,
                   "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
@@ -330,7 +337,7 @@ def drain(sizes: Sequence[int]) -> list[Case]:
     runs: list[tuple[int, float, float]] = []  # (bytes, seconds, peak MiB)
     for n in sizes:
         c = Case(f"rss_{n // MiB}MiB", "MiB", command=f"sandbox.run(['head', '-c', '{n}', '/dev/zero'])")
-        p = subprocess.run([sys.executable, "-c", _DRAIN, str(n), str(ROOT)], capture_output=True, timeout=900)
+        p = subprocess.run([sys.executable, "-c", _DRAIN, str(n), str(ROOT), PROFILE], capture_output=True, timeout=900)
         try:
             d = json.loads(p.stdout)
         except json.JSONDecodeError:
@@ -393,7 +400,8 @@ def table(cases: dict[str, Case], goals: list[Goal]) -> str:
 def markdown(cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) -> str:
     """The same two tables in Markdown, for the README."""
     out = [f"{meta['cpus']} CPUs, kernel {meta['kernel']}, {meta['bwrap'] or 'no bwrap'}, programs run with "
-           f"{meta['python_programs_version']}, commit {meta['commit']}, {meta['date']}, mode {meta['mode']}.", "",
+           f"{meta['python_programs_version']}, commit {meta['commit']}, {meta['date']}, mode {meta['mode']}"
+           f"{', profile ' + meta['profile'] if meta.get('profile', 'strict') != 'strict' else ''}.", "",
            "| case | median | what |", "|---|---:|---|"]
     for c in cases.values():
         val = _fmt(c.value, c.unit) if not c.error else f"failed: {c.error[:60]}"
@@ -512,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
                     "or a directory of .py files (default: N copies of a tiny one)")
     ap.add_argument("--python", default="/usr/bin/python3", help="interpreter for the Python cases")
     ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--profile", default="strict",
+                    help="sandboxrun's profile (default strict; an unprivileged user without a delegated "
+                         "cgroup: rootless)")
     ap.add_argument("--only", help="comma list of groups to run: latency, cli, throughput, memory (default: all)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="draw the chart here (needs matplotlib)")
@@ -521,12 +532,19 @@ def main(argv: list[str] | None = None) -> int:
     only = set(ns.only.split(",")) if ns.only else groups
     if only - groups:
         ap.error(f"--only: unknown group {', '.join(sorted(only - groups))} (groups: {', '.join(sorted(groups))})")
+    global PROFILE
+    try:
+        sandbox.load_profile(ns.profile)
+    except sandbox.SandboxError as e:
+        ap.error(f"--profile: {e}")
+    PROFILE = ns.profile
     mode_name = "smoke" if ns.smoke else "quick" if ns.quick else "full"
     mode = MODES[mode_name]
     iterations = ns.iterations or mode.iterations
     py = shutil.which(ns.python) or ns.python
     bwrap = shutil.which("bwrap")
     meta = _meta(mode_name, py, bwrap)
+    meta["profile"] = PROFILE
     started = time.perf_counter()
     cases: dict[str, Case] = {}
 
@@ -541,9 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     true, pypass = ["/bin/true"], [py, "-c", "pass"]
     lat: dict[str, tuple[str, Callable[[], str | None]]] = {
         "bare_true": ("subprocess.run(['/bin/true'])", run_ok(true)),
-        "sandbox_true": ("sandbox.run(['/bin/true']) strict", sandbox_ok(true)),
+        "sandbox_true": (f"sandbox.run(['/bin/true']) {PROFILE}", sandbox_ok(true)),
         "bare_py": (f"subprocess.run({pypass})", run_ok(pypass)),
-        "sandbox_py": (f"sandbox.run({pypass}) strict", sandbox_ok(pypass)),
+        "sandbox_py": (f"sandbox.run({pypass}) {PROFILE}", sandbox_ok(pypass)),
     }
     if bwrap:
         lat["bwrap_true"] = ("subprocess.run(bwrap strict /bin/true)", run_ok([bwrap, *BWRAP_STRICT, *true]))
@@ -572,8 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: {sys.executable} imports {', '.join(finders)} at every start (a default-mode "
                   "editable install): the CLI's baseline is inflated; rerun ./scripts/setup.sh", file=sys.stderr)
         add(latency({
-            "cli_true": (_shell_text([*cli, "--profile", "strict", "--", "/bin/true"]),
-                         run_ok([*cli, "--profile", "strict", "--", "/bin/true"], env)),
+            "cli_true": (_shell_text([*cli, "--profile", PROFILE, "--", "/bin/true"]),
+                         run_ok([*cli, "--profile", PROFILE, "--", "/bin/true"], env)),
             "cli_bare_py": (_shell_text([sys.executable, "-c", "pass"]), run_ok([sys.executable, "-c", "pass"], env)),
             "cli_sys_py": (_shell_text(pypass), run_ok(pypass, env)),
         }, mode, ns.iterations or mode.cli_iterations))
@@ -594,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["seconds"] = round(time.perf_counter() - started, 1)
     print()
     print(table(cases, GOALS))
-    print(f"\n{meta['cpus']} CPUs, {meta['seconds']} s, mode {mode_name}, {iterations} samples per latency case")
+    print(f"\n{meta['cpus']} CPUs, {meta['seconds']} s, mode {mode_name}, profile {PROFILE}, {iterations} samples per "
+          "latency case")
     if ns.json:
         doc = {"meta": meta, "cases": [c.to_dict() for c in cases.values()], "goals": [g.to_dict() for g in GOALS]}
         Path(ns.json).write_text(json.dumps(doc, indent=2) + "\n")

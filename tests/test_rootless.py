@@ -134,6 +134,7 @@ def tree(test_user: tuple[int, int]) -> Iterator[Tree]:
         for name in ("conftest.py", "test_isolation.py"):
             shutil.copy2(ROOT / "tests" / name, path / "tests" / name)
         (path / "scripts").mkdir()
+        shutil.copy2(ROOT / "scripts" / "bench.py", path / "scripts" / "bench.py")
         (path / "scripts" / "probe.py").write_text(PROBE)
         (path / "scripts" / "deny.py").write_text(DENY)
         for p in [path, *path.rglob("*")]:
@@ -433,6 +434,19 @@ def test_rootless_fork_server_killed_mid_run_leaves_nothing(tree: Tree, child: s
     out = json.loads(cp.stdout)
     assert out["seen"] == 2 and out["left"] == [], out  # both sleeps, the setsid one included, gone within 1 s
     assert out["status"] in ("signaled", "setup_error") and out["after"] == "ok", out  # and a new server serves
+
+
+def test_bench_runs_rootless_with_its_profile(tree: Tree) -> None:
+    """scripts/bench.py for an unprivileged user: --profile rootless (strict needs a cgroup)."""
+    out = tree.home / "bench.json"
+    cp = tree.as_user([SYS_PYTHON, str(tree.path / "scripts" / "bench.py"), "--smoke", "--profile", "rootless",
+                       "--only", "latency,throughput", "--json", str(out)], timeout=300)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    cases = {c["name"]: c for c in doc["cases"]}
+    for name in ("sandbox_true", "sandbox_py", "tput_run_many", "tput_cli_batch", "tput_cli_each"):
+        assert cases[name]["value"] is not None and cases[name]["error"] is None, cases[name]
+    assert doc["meta"]["profile"] == "rootless" and "rootless" in cases["sandbox_true"]["command"]
 
 
 # ---------------------------------------------------------------------------- CLI as the user
