@@ -459,15 +459,19 @@ static void landlock_prepare(struct op *op) {
     report("A landlock=%ld", abi);
 }
 
-/* Rootless: one more user namespace, mapping the run's uid/gid onto ours (the fork server's
-   root, itself the caller on the host), so the command is not uid 0 even inside. */
+/* A file of /proc/self, written whole (a short write there is a refusal). */
 static void write_proc(const char *path, const char *text) {
+    size_t n = strlen(text);
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     CHECK(fd, "'%s'", path);
-    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text) ? 0 : -1, "'%s'", path);
+    ssize_t w = write(fd, text, n);
+    if (w >= 0 && (size_t)w != n) errno = EIO;
+    CHECK(w == (ssize_t)n ? 0 : -1, "'%s'", path);
     close(fd);
 }
 
+/* Rootless: one more user namespace, mapping the run's uid/gid onto ours (the fork server's
+   root, itself the caller on the host), so the command is not uid 0 even inside. */
 static void enter_user_namespace(long inside_uid, long inside_gid) {
     char map[64];
     long uid = geteuid(), gid = getegid();
