@@ -18,6 +18,8 @@ so that a slow `python3` shim on PATH cannot skew one side):
 * throughput of short Python programs at concurrency = CPUs: ThreadPoolExecutor +
   subprocess.run (bare, bwrap), sandbox.run_many, `sandboxrun batch`, and one
   `sandboxrun -- PROGRAM` process per program (no goal: what shelling out per snippet costs)
+  (with each mode's host CPU per program: the overhead each way adds to a program, from
+  which the throughput ratio for programs of other lengths follows, printed under the table)
 * CLI: `sandboxrun --profile strict -- /bin/true` vs `python -c pass` (the CLI's
   own interpreter), both as subprocesses
 * supervisor peak RSS and drain rate for 1 MiB, 64 MiB, 1 GiB of stdout, each
@@ -314,6 +316,24 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
         os.unlink(f.name)
 
 
+def cost_note(cases: dict[str, Case]) -> str | None:
+    """What the throughput cases' host CPU per program says about programs of other lengths.
+    At concurrency = CPUs every CPU is busy, so a way of running a program costs its CPU
+    bare (P ms, launch included) plus that way's overhead: against bwrap the ratio is about
+    (P + bwrap's) / (P + ours), so the 1.2x goal holds up to some P and not beyond."""
+    vals = {k: cases[k].value for k in ("cpu_bare", "cpu_run_many", "cpu_bwrap") if k in cases}
+    if len(vals) < 3 or any(v is None for v in vals.values()):
+        return None
+    bare, ours, bw = vals["cpu_bare"], vals["cpu_run_many"], vals["cpu_bwrap"]
+    a, b = ours - bare, bw - bare  # type: ignore[operator]
+    line = (f"host CPU per program over bare: run_many +{a:.2f} ms, bwrap +{b:.2f} ms; so for programs of P ms "
+            f"bare the throughput ratio to bwrap is about (P + {b:.2f}) / (P + {a:.2f}): ")
+    reach = (b - 1.2 * a) / 0.2
+    if reach <= 0:
+        return line + "under 1.2x for every P"
+    return line + f">= 1.2x up to P = {reach:.1f} ms (these programs: {bare:.1f} ms)"
+
+
 # ---------------------------------------------------------------------------- memory
 
 _DRAIN = """
@@ -412,6 +432,8 @@ def markdown(cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) ->
         ratio = "-" if g.ratio is None else f"{g.ratio:.2f}{unit}"
         res = "n/a" if g.passed is None else ("**pass**" if g.passed else "**fail**")
         out.append(f"| {g.text} | {ratio} | {g.op.replace('<=', '≤').replace('>=', '≥')} {g.target:g}{unit} | {res} |")
+    if meta.get("cost_note"):
+        out += ["", meta["cost_note"][0].upper() + meta["cost_note"][1:] + "."]
     return "\n".join(out) + "\n"
 
 
@@ -610,8 +632,13 @@ def main(argv: list[str] | None = None) -> int:
     for g in GOALS:
         g.judge(cases)
     meta["seconds"] = round(time.perf_counter() - started, 1)
+    note = cost_note(cases)
+    if note:
+        meta["cost_note"] = note
     print()
     print(table(cases, GOALS))
+    if note:
+        print(f"\n{note}")
     print(f"\n{meta['cpus']} CPUs, {meta['seconds']} s, mode {mode_name}, profile {PROFILE}, {iterations} samples per "
           "latency case")
     if ns.json:

@@ -386,9 +386,36 @@ def test_bench_smoke(isolated, tmp_path: Path) -> None:
         assert cases[name]["value"] is not None and cases[name]["error"] is None, cases[name]
     assert len(cases["sandbox_true"]["samples"]) == 2
     assert cases["cpu_run_many"]["unit"] == "ms" and cases["cpu_run_many"]["value"] > 0  # host CPU per program
+    if "tput_bwrap" in cases:  # what the CPU figures mean for programs of other lengths
+        assert "throughput ratio to bwrap" in doc["meta"]["cost_note"] and doc["meta"]["cost_note"] in p.stdout
     assert {g["goal"] for g in doc["goals"]} >= {"throughput >= 0.75x bare", "drain >= 1 GiB/s"}
     assert all(g["ratio"] is not None for g in doc["goals"] if g["reference"] in cases or g["reference"] is None)
     assert "goal" in p.stdout and "ratio" in p.stdout  # the table
     # The CLI's baseline (this interpreter's own start) is not inflated by an editable-install
     # import hook: scripts/setup.sh installs in "compat" mode (a path in a .pth file).
     assert doc["meta"]["cli_baseline_finders"] == [], "rerun ./scripts/setup.sh"
+
+
+def test_bench_cost_note() -> None:
+    """Host CPU per program turned into the program length up to which 1.2x bwrap holds:
+    (P + bwrap's overhead) / (P + ours) >= 1.2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_for_test", ROOT / "scripts" / "bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # (its dataclasses look their module up)
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+
+    def cases(**values: float) -> dict:
+        return {k: bench.Case(k, "ms", value=v) for k, v in values.items()}
+
+    note = bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0, cpu_bwrap=16.0))
+    assert note is not None
+    assert "+4.00 ms" in note and "+6.00 ms" in note  # over bare
+    assert "up to P = 6.0 ms" in note and "(these programs: 10.0 ms)" in note  # (6 - 1.2*4) / 0.2
+    assert "under 1.2x for every P" in bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=15.0, cpu_bwrap=16.0))
+    assert bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0)) is None  # no bwrap here
