@@ -312,7 +312,7 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
             workdir_fixed=prof.workdir != "same" or not work.path,
             workdir_idmap=idmap, workdir_fallback="fallback_ids" in extra,
             workdir_id=(work.checked.dev, work.checked.ino) if work.checked else None,
-            shm_size=lim.shm_size, hostname=prof.hostname,
+            shm_size=lim.shm_size, hostname=prof.hostname, console=req.pty_fd is not None,
             passwd=f"{name}:x:{uid}:{gid}:sandbox:{req.env.get('HOME') or inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
             + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -469,6 +469,8 @@ def execute(req: Request) -> Result:
         stdin_w = -1
         if req.pty_fd is not None:
             in_r = out_w_ = err_w_ = req.pty_fd
+            if host_uid is not None and not _rootless() and host_uid != os.geteuid():
+                os.fchown(req.pty_fd, host_uid, -1)  # its terminal, as login gives a user theirs (/dev/console)
         else:
             out_w_, err_w_ = out_w, err_w
             if req.stdin_fd is not None:

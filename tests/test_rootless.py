@@ -617,3 +617,20 @@ def test_nested_library_runs_signal_only_their_own_processes(tree: Tree) -> None
         assert leaks.marked(mark) == []  # the daemon died with its run, not with the caller
     finally:
         end_marked(mark)
+
+
+_PTY_SESSION = r"""
+import sandbox
+s = sandbox.start(["sh", "-c", "tty; python3 -c \"import os; open(os.ttyname(0), 'w').write('by-name\\n')\""],
+                  pty=True, profile="rootless")
+r = s.wait(30)
+print(r.status, repr(r.stdout), r.error)
+"""
+
+
+@pytest.mark.parametrize("child", CHILDREN)
+def test_rootless_terminal_has_a_name(tree: Tree, child: str) -> None:
+    """A rootless session's terminal is bound at /dev/console too (found there by ttyname)."""
+    cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-c", _PTY_SESSION], timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith("ok ") and "/dev/console\\r\\nby-name\\r\\n" in cp.stdout, cp.stdout

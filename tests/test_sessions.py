@@ -211,6 +211,24 @@ def test_pty_program_driven_by_keys() -> None:
     assert any(line.startswith("got:hello") for line in page.lines)
 
 
+@pytest.mark.parametrize("child", ["native", "python"])
+def test_pty_has_a_name_in_the_run(monkeypatch: pytest.MonkeyPatch, child: str) -> None:
+    """The terminal is the host's devpts, which the run's own devpts instance does not show:
+    it is bound at /dev/console, so ttyname() (`tty`, tmux, GPG_TTY=$(tty)) finds it there."""
+    if child == "python":
+        monkeypatch.setenv("SANDBOXRUN_NATIVE", "0")
+    code = ("import os; print('name:' + os.ttyname(0), os.stat(os.ttyname(0)).st_rdev == os.fstat(0).st_rdev); "
+            "open(os.ttyname(0), 'w').write('by-name\\n')")  # its own: it may open it by that name
+    s = sandbox.start(["sh", "-c", f"tty; python3 -c \"{code}\"; tty </dev/null"], pty=True)
+    res = s.wait(20)
+    assert res is not None and res.status == "nonzero_exit", res  # the last `tty` has no terminal
+    assert "/dev/console\r\n" in res.stdout and "name:/dev/console True\r\n" in res.stdout, res.stdout
+    assert "by-name\r\n" in res.stdout and "not a tty" in res.stdout
+    # Without a terminal there is none to name, and no /dev/console.
+    plain = sandbox.run(["sh", "-c", "tty; ls /dev"])
+    assert plain.stdout.splitlines()[0] == "not a tty" and "console" not in plain.stdout.split(), plain.stdout
+
+
 def test_submit_and_paste() -> None:
     s = sandbox.start(["cat"])
     s.paste("pasted")

@@ -109,6 +109,9 @@ class ViewSpec:
     # (st_dev, st_ino) of the caller's workdir as the supervisor checked it: the child refuses
     # a tree that is another directory (a path component swapped for a link since the check)
     workdir_id: tuple[int, int] | None = None
+    # a terminal run: its terminal (fd 0, on the host's devpts, which the run's own devpts
+    # instance does not show) is bound at /dev/console, where ttyname() finds it
+    console: bool = False
 
 
 def _mkpoint(path: str, is_dir: bool) -> None:
@@ -246,6 +249,8 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
         p.op("l", to, f"{dev}/{link}", 0)
     p.op("k", f"{dev}/shm", 0o1777)
     p.op("k", f"{dev}/pts", 0o755)
+    if spec.console:
+        p.op("K", f"{dev}/console", 0)  # each run binds its terminal here (its own copy of the mount)
     # Sealed: templates share this tmpfs between runs, so nothing may be added to it
     p.mount("", dev, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     p.sub("mount:etc")
@@ -281,9 +286,25 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) ->
     return "tmpfs", -1
 
 
-def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], swap_proc: bool = False) -> None:
-    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, the workdir, /proc.
-    swap_proc: a rootless run copied from a template replaces the template's /proc (below)."""
+def _console(p: ViewOps, spec: ViewSpec, *, own_ns: bool = False) -> int:
+    """A terminal run's terminal (fd 0) as a detached mount, cloned while the host's mount
+    tree is visible; its slot, or -1. The terminal is on the host's devpts, which the run's
+    own devpts instance does not show: bound at /dev/console, ttyname() finds it there.
+    own_ns: first a private copy of the mount tree (a rootless caller's clone, as _workdir's)."""
+    if not spec.console:
+        return -1
+    if own_ns:
+        p.op("u", CLONE_NEWNS)
+    k = p.slot()
+    p.op("G", k)
+    return k
+
+
+def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], swap_proc: bool = False,
+                  console: int = -1) -> None:
+    """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, its terminal at /dev/console,
+    the workdir, /proc. swap_proc: a rootless run copied from a template replaces the
+    template's /proc (below)."""
     p.sub("mount:tmp")
     p.mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
     p.mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
@@ -293,6 +314,8 @@ def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], 
     dev = f"{root}/dev"
     p.mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"mode=1777,size={spec.shm_size}")
     p.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}")
+    if console >= 0:
+        p.op("j", console, f"{dev}/console")
     p.sub("mount:workdir")
     target = root + spec.workdir
     p.op("D", target)  # "same": under the fresh /tmp, or in the root before it is sealed
@@ -339,18 +362,20 @@ def view_ops(spec: ViewSpec, template_fd: int = -1, rootless: bool = False) -> V
     p = ViewOps()
     if template_fd >= 0:
         work = _workdir(p, spec, tree=True, own_ns=rootless)
+        console = _console(p, spec, own_ns=rootless and work[0] != "tree")  # (_workdir's copy serves)
         p.sub("mount:enter-template")
         p.op("e", template_fd, CLONE_NEWNS)
         p.op("u", CLONE_NEWNS)
         p.op("c", "/")
-        _per_run_part(p, "", spec, work, swap_proc=rootless)
+        _per_run_part(p, "", spec, work, swap_proc=rootless, console=console)
     else:
         p.sub("mount:private")
         p.mount("", "/", "", MS_REC | MS_PRIVATE)
         opened, devices = _open_sources(p, spec)
         work = _workdir(p, spec, tree=False)
+        console = _console(p, spec)
         _static_part(p, NEW_ROOT, spec, opened, devices)
-        _per_run_part(p, NEW_ROOT, spec, work)
+        _per_run_part(p, NEW_ROOT, spec, work, console=console)
         _pivot_and_seal(p, NEW_ROOT)
     p.op("c", spec.workdir)
     return p
@@ -373,6 +398,20 @@ def template_ops(spec: ViewSpec, rootless: bool = False) -> ViewOps:
 
 
 # ------------------------------------------------------------------ the Python child runs them
+
+
+def _clone_terminal() -> int:
+    """A detached mount of the terminal at fd 0, found by its path in this mount namespace
+    (a mount of another namespace cannot be cloned), checked to be that very terminal."""
+    path = os.readlink("/proc/self/fd/0")
+    if not path.startswith("/"):
+        raise OSError(errno.ENOENT, f"the terminal is not on a path: {path}")
+    tree = open_tree(path)
+    got, want = os.fstat(tree), os.fstat(0)
+    if (got.st_dev, got.st_ino, got.st_rdev) != (want.st_dev, want.st_ino, want.st_rdev):
+        os.close(tree)
+        raise OSError(errno.EXDEV, f"{path} is not the run's terminal")
+    return tree
 
 
 def _bind_fd(fd: int, target: str, *, writable: bool, device: bool = False) -> None:
@@ -457,6 +496,21 @@ def apply(view: ViewOps, step: list[str]) -> bool:
             elif code == "K":
                 _no_link_below(root, a[0])
                 _mkpoint(a[0], a[1])
+            elif code == "G":
+                try:
+                    slots[a[0]] = _clone_terminal()
+                except OSError:
+                    pass  # (a terminal this mount namespace does not show): no /dev/console
+            elif code == "j":
+                tree = slots.pop(a[0], -1)
+                if tree >= 0:
+                    _no_link_below(root, a[1])
+                    try:
+                        move_mount(tree, a[1])
+                    finally:
+                        os.close(tree)
+                    _remount(a[1], MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY, os.statvfs(a[1]).f_flag,
+                             writable=False, device=True)
             elif code == "D":
                 _no_link_below(root, a[0])
                 if not os.path.isdir(a[0]):
@@ -560,7 +614,7 @@ def template_key(spec: ViewSpec) -> tuple[object, ...] | None:
         if len(_template_keys) >= 64:
             _template_keys.clear()
         _template_keys[spec.binds] = (ids, now)
-    return (spec.binds, spec.hostname, spec.workdir, ids)
+    return (spec.binds, spec.hostname, spec.workdir, spec.console, ids)
 
 
 # A replaced bind source is noticed within this long (lstat of every source on every run

@@ -284,6 +284,24 @@ static void bind_fd(int fd, const char *target, int writable, int device) {
     CHECK(mount(NULL, target, NULL, flags, NULL), "mount %s", target);
 }
 
+/* A terminal run's terminal (fd 0) as a detached mount, found by its path in this mount
+   namespace (a mount of another namespace cannot be cloned) and checked to be that very
+   terminal; -1 where it cannot be: the run then has no /dev/console (ttyname() fails). */
+static int clone_terminal(void) {
+    char path[PATH_MAX];
+    ssize_t n = readlink("/proc/self/fd/0", path, sizeof path - 1);
+    if (n <= 0 || path[0] != '/') return -1;
+    path[n] = 0;
+    int tree = (int)syscall(SYS_OPEN_TREE, AT_FDCWD, path, OPEN_TREE_CLONE | O_CLOEXEC);
+    struct stat got, want;
+    if (tree >= 0 && (fstat(tree, &got) < 0 || fstat(0, &want) < 0 || got.st_dev != want.st_dev
+                      || got.st_ino != want.st_ino || got.st_rdev != want.st_rdev)) {
+        close(tree);
+        tree = -1;
+    }
+    return tree;
+}
+
 static void write_file(const char *path, const char *data, size_t n, mode_t mode) {
     int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
     CHECK(fd, "'%s'", path);
@@ -881,6 +899,20 @@ static void run(void) {
         }
         case 'k': CHECK(mkdir(a0, num(&op, 1)), "mkdir '%s'", a0); break;
         case 'K': mkpoint(a0, num(&op, 1)); break;
+        case 'G': slots[slot(&op, 0)] = clone_terminal(); break;
+        case 'j': {  /* move the terminal's clone to target: read-only, nosuid, a device */
+            int k = slot(&op, 0);
+            if (slots[k] < 0) break;  /* a terminal this namespace did not show: no console */
+            no_link_below_root(a1);
+            CHECK(syscall(SYS_MOVE_MOUNT, slots[k], "", AT_FDCWD, a1, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", a1);
+            close(slots[k]);
+            slots[k] = -1;
+            struct statvfs sv;
+            CHECK(statvfs(a1, &sv), "statvfs %s", a1);
+            CHECK(mount(NULL, a1, NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY | kept_flags(sv.f_flag, 0, 1), NULL),
+                  "mount %s", a1);
+            break;
+        }
         case 'D': no_link_below_root(a0); if (!is_dir(a0)) CHECK(makedirs(a0, 0755), "'%s'", a0); break;
         case 'Q': snprintf(view_root, sizeof view_root, "%s", a0); break;
         case 'l': {  /* symlink target linkpath [only if absent, creating parents] */
