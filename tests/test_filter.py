@@ -444,7 +444,9 @@ def test_adversarial_input_does_not_hang(name: str) -> None:
         v = check(command, **kwargs)  # type: ignore[arg-type]
         elapsed = time.perf_counter() - start
         assert isinstance(v, Verdict)
-        assert elapsed < 2.0, f"{name} {kwargs}: {elapsed:.2f}s"  # hang detector, not a benchmark
+        # A hang detector, not a benchmark: a regex gone exponential takes minutes, these ~0.2 s;
+        # the bound is wide so that a loaded CI machine never fails it.
+        assert elapsed < 10.0, f"{name} {kwargs}: {elapsed:.2f}s"
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -356,7 +356,7 @@ def test_rule_regexes_stay_linear_on_near_misses(name: str) -> None:
     v = check(command)
     elapsed = time.perf_counter() - start
     assert v.rule != "fork-bomb" or "(){" in command
-    assert elapsed < 2.0, f"{name}: {elapsed:.2f}s"  # a hang detector, not a benchmark
+    assert elapsed < 10.0, f"{name}: {elapsed:.2f}s"  # a hang detector (exponential: minutes), not a benchmark
 
 
 @pytest.mark.parametrize("glob", ["*a*a*a*a*a*a*a*a*a*a*b", "*[a]*[a]*[a]*[a]*[a]*[a]*b", "?*?*?*?*?*?*?*?*!"])
