@@ -110,6 +110,14 @@ class Goal:
         self.ratio = s.value / r.value if r is not None and r.value else s.value
         self.passed = self.ratio <= self.target if self.op == "<=" else self.ratio >= self.target
 
+    def ratio_text(self) -> str:
+        """Two decimals; three where two would round onto the target (a 1.196 shown as
+        "1.20" beside "FAIL" reads as a mistake)."""
+        if self.ratio is None:
+            return "-"
+        two = f"{self.ratio:.2f}"
+        return f"{self.ratio:.3f}" if float(two) == self.target and self.ratio != self.target else two
+
     def to_dict(self) -> dict[str, Any]:
         return {"goal": self.text, "subject": self.subject, "reference": self.reference, "op": self.op,
                 "target": self.target, "ratio": None if self.ratio is None else round(self.ratio, 4),
@@ -408,7 +416,7 @@ def table(cases: dict[str, Case], goals: list[Goal]) -> str:
     lines.insert(1, "-" * (w[0] + w[1] + 40))
     grows = [("goal", "ratio", "target", "result")]
     for g in goals:
-        ratio = "-" if g.ratio is None else f"{g.ratio:.2f}" + ("" if g.reference is None else "x")
+        ratio = "-" if g.ratio is None else g.ratio_text() + ("" if g.reference is None else "x")
         res = "n/a" if g.passed is None else ("pass" if g.passed else "FAIL")
         grows.append((g.text, ratio, f"{g.op} {g.target:g}", res))
     gw = [max(len(r[i]) for r in grows) for i in range(4)]
@@ -429,7 +437,7 @@ def markdown(cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) ->
     out += ["", "| goal | measured | target | result |", "|---|---:|---:|---|"]
     for g in goals:
         unit = "x" if g.reference else ""
-        ratio = "-" if g.ratio is None else f"{g.ratio:.2f}{unit}"
+        ratio = "-" if g.ratio is None else f"{g.ratio_text()}{unit}"
         res = "n/a" if g.passed is None else ("**pass**" if g.passed else "**fail**")
         out.append(f"| {g.text} | {ratio} | {g.op.replace('<=', '≤').replace('>=', '≥')} {g.target:g}{unit} | {res} |")
     if meta.get("cost_note"):
@@ -477,7 +485,7 @@ def chart(path: str, cases: dict[str, Case], goals: list[Goal], meta: dict[str, 
         score = g.ratio / g.target if g.op == "<=" else (g.target / g.ratio if g.ratio else float("inf"))
         ax.barh(i, min(max(score, 0.02), 3.0), color="#2f855a" if g.passed else "#c53030")
         unit = "x" if g.reference else ""
-        ax.text(min(score, 3.0), i, f" {g.ratio:.2f}{unit} (goal {g.op} {g.target:g}{unit})", va="center",
+        ax.text(min(score, 3.0), i, f" {g.ratio_text()}{unit} (goal {g.op} {g.target:g}{unit})", va="center",
                 fontsize=7)
     ax.axvline(1.0, color="black", lw=1.5)
     ax.set_xlim(0, 4.2)

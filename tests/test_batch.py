@@ -396,9 +396,8 @@ def test_bench_smoke(isolated, tmp_path: Path) -> None:
     assert doc["meta"]["cli_baseline_finders"] == [], "rerun ./scripts/setup.sh"
 
 
-def test_bench_cost_note() -> None:
-    """Host CPU per program turned into the program length up to which 1.2x bwrap holds:
-    (P + bwrap's overhead) / (P + ours) >= 1.2."""
+def _bench_module() -> Any:
+    """scripts/bench.py as a module (it is a script, not part of the package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_for_test", ROOT / "scripts" / "bench.py")
@@ -409,6 +408,13 @@ def test_bench_cost_note() -> None:
         spec.loader.exec_module(bench)
     finally:
         del sys.modules[spec.name]
+    return bench
+
+
+def test_bench_cost_note() -> None:
+    """Host CPU per program turned into the program length up to which 1.2x bwrap holds:
+    (P + bwrap's overhead) / (P + ours) >= 1.2."""
+    bench = _bench_module()
 
     def cases(**values: float) -> dict:
         return {k: bench.Case(k, "ms", value=v) for k, v in values.items()}
@@ -419,3 +425,11 @@ def test_bench_cost_note() -> None:
     assert "up to P = 6.0 ms" in note and "(these programs: 10.0 ms)" in note  # (6 - 1.2*4) / 0.2
     assert "under 1.2x for every P" in bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=15.0, cpu_bwrap=16.0))
     assert bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0)) is None  # no bwrap here
+
+
+def test_bench_ratio_near_its_target_shows_three_decimals() -> None:
+    bench = _bench_module()
+    g = bench.Goal("t", "a", "b", ">=", 1.2)
+    for ratio, shown in ((1.1958, "1.196"), (1.2041, "1.204"), (1.2, "1.20"), (1.1849, "1.18"), (0.5, "0.50")):
+        g.ratio = ratio
+        assert g.ratio_text() == shown
