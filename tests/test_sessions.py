@@ -212,7 +212,7 @@ def test_pty_program_driven_by_keys() -> None:
 
 
 @pytest.mark.parametrize("child", ["native", "python"])
-def test_pty_has_a_name_in_the_run(monkeypatch: pytest.MonkeyPatch, child: str) -> None:
+def test_pty_has_a_name_in_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, child: str) -> None:
     """The terminal is the host's devpts, which the run's own devpts instance does not show:
     it is bound at /dev/console, so ttyname() (`tty`, tmux, GPG_TTY=$(tty)) finds it there."""
     if child == "python":
@@ -224,6 +224,12 @@ def test_pty_has_a_name_in_the_run(monkeypatch: pytest.MonkeyPatch, child: str) 
     assert res is not None and res.status == "nonzero_exit", res  # the last `tty` has no terminal
     assert "/dev/console\r\n" in res.stdout and "name:/dev/console True\r\n" in res.stdout, res.stdout
     assert "by-name\r\n" in res.stdout and "not a tty" in res.stdout
+    # A view built in full (a caller's directory at its own path: no template) names it too.
+    work = tmp_path / "w"
+    work.mkdir()
+    os.chown(work, 65534, 65534)
+    full = sandbox.start(["sh", "-c", "tty; pwd"], pty=True, profile="ci", cwd=str(work)).wait(20)
+    assert full is not None and full.stdout == f"/dev/console\r\n{work}\r\n", full
     # Without a terminal there is none to name, and no /dev/console.
     plain = sandbox.run(["sh", "-c", "tty; ls /dev"])
     assert plain.stdout.splitlines()[0] == "not a tty" and "console" not in plain.stdout.split(), plain.stdout
