@@ -4,7 +4,8 @@ A tmpfs becomes the root; system directories are bound read-only, nosuid, nodev;
 the workdir is bound read-write at a fixed path; /tmp and /dev/shm are size-capped
 tmpfs; /proc is fresh (this pid namespace only) with the kernel knobs read-only or
 masked as runc does; /dev holds only null, zero, full, random, urandom, tty and a
-private devpts. Then pivot_root, detach the old root, and make / read-only.
+private devpts (and, for a terminal run, its terminal at /dev/console). Then pivot_root,
+detach the old root, and make / read-only.
 
 Bind sources are opened (O_PATH) before anything is hidden and bound through
 /proc/self/fd/N, so a symlink swapped in after validation cannot redirect a bind.
