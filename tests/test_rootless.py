@@ -103,6 +103,8 @@ def test_user() -> Iterator[tuple[int, int]]:
     yield pw.pw_uid, pw.pw_gid
     if created:
         subprocess.run(["userdel", USER], capture_output=True)
+        # What its sessions kept (sandbox.start), which no user would own now
+        shutil.rmtree(f"/tmp/sandboxrun-{pw.pw_uid}", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -624,6 +626,7 @@ import sandbox
 s = sandbox.start(["sh", "-c", "tty; python3 -c \"import os; open(os.ttyname(0), 'w').write('by-name\\n')\""],
                   pty=True, profile="rootless")
 r = s.wait(30)
+s.clear()
 print(r.status, repr(r.stdout), r.error)
 """
 
