@@ -415,6 +415,17 @@ def _clone_terminal() -> int:
     return tree
 
 
+def _move_tree(tree: int, target: str, *, writable: bool, device: bool = False) -> None:
+    """Attach a detached tree (closing its fd), then nosuid, nodev unless a device, read-only
+    unless writable, keeping the flags the kernel locks."""
+    try:
+        move_mount(tree, target)
+    finally:
+        os.close(tree)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
+    _remount(target, flags, os.statvfs(target).f_flag, writable=writable, device=device)
+
+
 def _bind_fd(fd: int, target: str, *, writable: bool, device: bool = False) -> None:
     mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if device else MS_NODEV) | (0 if writable else MS_RDONLY)
@@ -504,14 +515,9 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                     pass  # (a terminal this mount namespace does not show): no /dev/console
             elif code == "j":
                 tree = slots.pop(a[0], -1)
-                if tree >= 0:
+                if tree >= 0:  # else a terminal this namespace did not show
                     _no_link_below(root, a[1])
-                    try:
-                        move_mount(tree, a[1])
-                    finally:
-                        os.close(tree)
-                    _remount(a[1], MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY, os.statvfs(a[1]).f_flag,
-                             writable=False, device=True)
+                    _move_tree(tree, a[1], writable=False, device=True)
             elif code == "D":
                 _no_link_below(root, a[0])
                 if not os.path.isdir(a[0]):
@@ -541,12 +547,7 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                     raise OSError(errno.EPERM, NO_ROOT_FALLBACK.format(a[1]))
             elif code == "M":
                 _no_link_below(root, a[1])
-                tree = slots.pop(a[0])
-                try:
-                    move_mount(tree, a[1])
-                finally:
-                    os.close(tree)
-                _remount(a[1], MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, os.statvfs(a[1]).f_flag, writable=True)
+                _move_tree(slots.pop(a[0]), a[1], writable=True)
             elif code == "r":
                 if os.path.exists(a[0]):
                     mount(a[0], a[0], None, MS_BIND | MS_REC)

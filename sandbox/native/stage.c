@@ -284,6 +284,19 @@ static void bind_fd(int fd, const char *target, int writable, int device) {
     CHECK(mount(NULL, target, NULL, flags, NULL), "mount %s", target);
 }
 
+/* Move a detached tree (open_tree, its fd at *tree, closed here) to target, then remount it
+   nosuid, nodev unless a device, read-only unless writable, keeping the flags the kernel locks. */
+static void move_tree(int *tree, const char *target, int writable, int device) {
+    no_link_below_root(target);
+    CHECK(syscall(SYS_MOVE_MOUNT, *tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", target);
+    close(*tree);
+    *tree = -1;
+    struct statvfs sv;
+    CHECK(statvfs(target, &sv), "statvfs %s", target);
+    unsigned long flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (device ? 0 : MS_NODEV) | (writable ? 0 : MS_RDONLY);
+    CHECK(mount(NULL, target, NULL, flags | kept_flags(sv.f_flag, writable, device), NULL), "mount %s", target);
+}
+
 /* A terminal run's terminal (fd 0) as a detached mount, found by its path in this mount
    namespace (a mount of another namespace cannot be cloned) and checked to be that very
    terminal; -1 where it cannot be: the run then has no /dev/console (ttyname() fails). */
@@ -902,15 +915,7 @@ static void run(void) {
         case 'G': slots[slot(&op, 0)] = clone_terminal(); break;
         case 'j': {  /* move the terminal's clone to target: read-only, nosuid, a device */
             int k = slot(&op, 0);
-            if (slots[k] < 0) break;  /* a terminal this namespace did not show: no console */
-            no_link_below_root(a1);
-            CHECK(syscall(SYS_MOVE_MOUNT, slots[k], "", AT_FDCWD, a1, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", a1);
-            close(slots[k]);
-            slots[k] = -1;
-            struct statvfs sv;
-            CHECK(statvfs(a1, &sv), "statvfs %s", a1);
-            CHECK(mount(NULL, a1, NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY | kept_flags(sv.f_flag, 0, 1), NULL),
-                  "mount %s", a1);
+            if (slots[k] >= 0) move_tree(&slots[k], a1, 0, 1);  /* else a terminal this namespace did not show */
             break;
         }
         case 'D': no_link_below_root(a0); if (!is_dir(a0)) CHECK(makedirs(a0, 0755), "'%s'", a0); break;
@@ -970,18 +975,7 @@ static void run(void) {
             }
             break;
         }
-        case 'M': {  /* move a cloned tree to target, then nosuid,nodev keeping locked flags */
-            int k = slot(&op, 0);
-            no_link_below_root(a1);
-            CHECK(syscall(SYS_MOVE_MOUNT, slots[k], "", AT_FDCWD, a1, MOVE_MOUNT_F_EMPTY_PATH), "move_mount %s", a1);
-            close(slots[k]);
-            slots[k] = -1;
-            struct statvfs sv;
-            CHECK(statvfs(a1, &sv), "statvfs %s", a1);
-            CHECK(mount(NULL, a1, NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept_flags(sv.f_flag, 1, 0), NULL),
-                  "mount %s", a1);
-            break;
-        }
+        case 'M': move_tree(&slots[slot(&op, 0)], a1, 1, 0); break;  /* a cloned tree: nosuid,nodev */
         case 'X': CHECK(umount2(a0, MNT_DETACH), "umount2 %s", a0); break;
         case 'v': CHECK(mount(a0, a1, NULL, MS_MOVE, NULL), "move %s to %s", a0, a1); break;
         case 'f': CHECK(rmdir(a0), "rmdir '%s'", a0); break;
