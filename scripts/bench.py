@@ -342,6 +342,21 @@ def cost_note(cases: dict[str, Case]) -> str | None:
     return line + f">= 1.2x up to P = {reach:.1f} ms (these programs: {bare:.1f} ms)"
 
 
+def round_ratios(cases: dict[str, Case]) -> str | None:
+    """run_many's rate over bare's and bwrap's round by round (each round runs every mode
+    back to back): the spread the medians hide on a host whose speed drifts."""
+    ours = cases.get("tput_run_many")
+    if ours is None or len(ours.samples) < 2:
+        return None
+    parts = []
+    for ref in ("tput_bare", "tput_bwrap"):
+        other = cases.get(ref)
+        if other is not None and len(other.samples) == len(ours.samples) and all(other.samples):
+            each = " ".join(f"{a / b:.2f}" for a, b in zip(ours.samples, other.samples, strict=True))
+            parts.append(f"run_many/{ref.removeprefix('tput_')} {each}")
+    return f"throughput round by round: {'; '.join(parts)}" if parts else None
+
+
 # ---------------------------------------------------------------------------- memory
 
 _DRAIN = """
@@ -440,8 +455,9 @@ def markdown(cases: dict[str, Case], goals: list[Goal], meta: dict[str, Any]) ->
         ratio = "-" if g.ratio is None else f"{g.ratio_text()}{unit}"
         res = "n/a" if g.passed is None else ("**pass**" if g.passed else "**fail**")
         out.append(f"| {g.text} | {ratio} | {g.op.replace('<=', '≤').replace('>=', '≥')} {g.target:g}{unit} | {res} |")
-    if meta.get("cost_note"):
-        out += ["", meta["cost_note"][0].upper() + meta["cost_note"][1:] + "."]
+    for key in ("cost_note", "round_ratios"):
+        if meta.get(key):
+            out += ["", meta[key][0].upper() + meta[key][1:] + "."]
     return "\n".join(out) + "\n"
 
 
@@ -643,10 +659,14 @@ def main(argv: list[str] | None = None) -> int:
     note = cost_note(cases)
     if note:
         meta["cost_note"] = note
+    rounds = round_ratios(cases)
+    if rounds:
+        meta["round_ratios"] = rounds
     print()
     print(table(cases, GOALS))
-    if note:
-        print(f"\n{note}")
+    for line in (note, rounds):
+        if line:
+            print(f"\n{line}")
     print(f"\n{meta['cpus']} CPUs, {meta['seconds']} s, mode {mode_name}, profile {PROFILE}, {iterations} samples per "
           "latency case")
     if ns.json:

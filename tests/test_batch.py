@@ -427,6 +427,15 @@ def test_bench_cost_note() -> None:
     assert bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0)) is None  # no bwrap here
 
 
+def test_bench_round_ratios_pair_each_round() -> None:
+    bench = _bench_module()
+    cases = {k: bench.Case(k, "/s", samples=v) for k, v in
+             {"tput_run_many": [100.0, 120.0], "tput_bare": [125.0, 150.0], "tput_bwrap": [80.0, 120.0]}.items()}
+    assert bench.round_ratios(cases) == "throughput round by round: run_many/bare 0.80 0.80; run_many/bwrap 1.25 1.00"
+    cases["tput_run_many"].samples = [100.0]  # one round: nothing to pair beyond the medians
+    assert bench.round_ratios(cases) is None
+
+
 def test_bench_ratio_near_its_target_shows_three_decimals() -> None:
     bench = _bench_module()
     g = bench.Goal("t", "a", "b", ">=", 1.2)
