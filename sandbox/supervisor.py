@@ -467,10 +467,14 @@ def execute(req: Request) -> Result:
         rep_r, rep_w = _pipe()
         opened += [out_r, out_w, err_r, err_w, rep_r, rep_w]
         stdin_w = -1
+        # What the run is given to write (its pipes, its terminal) becomes its host uid's, so that
+        # it may reopen them: `echo x > /dev/stderr` opens /proc/self/fd/2 anew, which checks the
+        # owner and mode (0600, ours); a terminal is reopened by its name (/dev/console).
+        give_to = host_uid if host_uid is not None and not _rootless() and host_uid != os.geteuid() else None
         if req.pty_fd is not None:
             in_r = out_w_ = err_w_ = req.pty_fd
-            if host_uid is not None and not _rootless() and host_uid != os.geteuid():
-                os.fchown(req.pty_fd, host_uid, -1)  # its terminal, as login gives a user theirs (/dev/console)
+            if give_to is not None:
+                os.fchown(req.pty_fd, give_to, -1)  # as login gives a user their terminal
         else:
             out_w_, err_w_ = out_w, err_w
             if req.stdin_fd is not None:
@@ -482,11 +486,9 @@ def execute(req: Request) -> Result:
                 in_r, none_w = _pipe()
                 os.close(none_w)
                 opened.append(in_r)
-            # The run's own pipes, so that it may reopen them: `echo x > /dev/stderr` opens
-            # /proc/self/fd/2 anew, which checks the pipe's owner and mode (0600, ours).
-            if host_uid is not None and not _rootless() and host_uid != os.geteuid():
+            if give_to is not None:
                 for fd in (out_w, err_w, *([in_r] if req.stdin_fd is None else [])):
-                    os.fchown(fd, host_uid, -1)
+                    os.fchown(fd, give_to, -1)
         cg_fds: list[int] = []
         self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
         if self_join:
