@@ -429,11 +429,32 @@ def test_bench_cost_note() -> None:
 
 def test_bench_round_ratios_pair_each_round() -> None:
     bench = _bench_module()
-    cases = {k: bench.Case(k, "/s", samples=v) for k, v in
+    cases = {k: bench.Case(k, "/s", value=v[0], samples=v) for k, v in
              {"tput_run_many": [100.0, 120.0], "tput_bare": [125.0, 150.0], "tput_bwrap": [80.0, 120.0]}.items()}
-    assert bench.round_ratios(cases) == "throughput round by round: run_many/bare 0.80 0.80; run_many/bwrap 1.25 1.00"
+    assert bench.round_ratios(cases) == ("throughput round by round: run_many/bare 0.80 0.80 (median 0.800; ratio "
+                                         "of medians 0.80); run_many/bwrap 1.25 1.00 (median 1.125; ratio of medians "
+                                         "1.25)")
     cases["tput_run_many"].samples = [100.0]  # one round: nothing to pair beyond the medians
     assert bench.round_ratios(cases) is None
+
+
+def test_bench_throughput_goals_judge_the_rounds_paired() -> None:
+    """Each round runs every mode back to back: the goal is the median of the rounds' own
+    ratios, so that a host whose speed drifts between rounds moves both sides of each."""
+    bench = _bench_module()
+    rates = {"tput_run_many": [100.0, 150.0, 90.0], "tput_bwrap": [80.0, 125.0, 80.0]}
+    cases = {k: bench.Case(k, "/s", value=sorted(v)[1], samples=v) for k, v in rates.items()}
+    g = bench.Goal("t", "tput_run_many", "tput_bwrap", ">=", 1.2, paired=True)
+    g.judge(cases)
+    assert g.ratio == pytest.approx(1.2) and g.passed  # rounds 1.25, 1.2, 1.125; medians' ratio 1.25
+    assert g.to_dict()["estimator"] == "median of the rounds' ratios"
+    unpaired = bench.Goal("t", "tput_run_many", "tput_bwrap", ">=", 1.2)
+    unpaired.judge(cases)
+    assert unpaired.ratio == pytest.approx(1.25) and unpaired.to_dict()["estimator"] == "ratio of medians"
+    cases["tput_bwrap"].samples = [80.0, 125.0]  # rounds that do not pair: the medians
+    g.judge(cases)
+    assert g.ratio == pytest.approx(1.25) and g.to_dict()["estimator"] == "ratio of medians"
+    assert {x.subject for x in bench.GOALS if x.paired} == {"tput_run_many"}
 
 
 def test_bench_ratio_near_its_target_shows_three_decimals() -> None:
