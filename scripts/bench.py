@@ -93,6 +93,9 @@ class Case:
                 "error": self.error, "samples": [round(s, 4) for s in self.samples]}
 
 
+PAIRED = "median of the rounds' ratios"
+
+
 @dataclass
 class Goal:
     text: str
@@ -117,7 +120,7 @@ class Goal:
         if self.paired and r is not None and len(s.samples) >= 2 and len(s.samples) == len(r.samples) \
                 and all(r.samples):
             self.ratio = statistics.median(a / b for a, b in zip(s.samples, r.samples, strict=True))
-            self.estimator = "median of the rounds' ratios"
+            self.estimator = PAIRED
         self.passed = self.ratio <= self.target if self.op == "<=" else self.ratio >= self.target
 
     def ratio_text(self) -> str:
@@ -454,7 +457,7 @@ def table(cases: dict[str, Case], goals: list[Goal]) -> str:
 
 
 def _paired_note(goals: list[Goal]) -> str | None:
-    names = [g.text for g in goals if g.estimator == "median of the rounds' ratios"]
+    names = [g.text for g in goals if g.estimator == PAIRED]
     if not names:
         return None
     return (f"({' and '.join(names)}: the median of the rounds' own ratios, each round running the modes back "
