@@ -201,17 +201,20 @@ def check_writable_dir(given: object, what: str) -> CheckedDir:
     return CheckedDir(path, st)
 
 
-def check_writable_bind(given: object, what: str) -> None:
+def check_writable_bind(given: object, what: str) -> os.stat_result:
     """A read-write bind's source: a file or directory, reached without a link, that is not
-    (nor holds) a system tree."""
+    (nor holds) a system tree. Its stat (device, inode and owner: the child checks that it
+    binds this very file, and idmaps its owner onto the run's ids)."""
     text, path = _normalised(given, what)
     fd = _walk(path, text, what, "file or directory")
     try:
         problem = _tree_problem(fd, path)
+        st = os.fstat(fd)
     finally:
         os.close(fd)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be bound read-write")
+    return st
 
 
 def open_for_reading(given: object, what: str) -> int:

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from .isolation.filesystem import BindSpec
+    from .profile import Mount
+
 F_SETPIPE_SZ = 1031
 SANDBOX_UID = 1000  # inside a rootless run's own user namespace
 ARG_MAX = os.sysconf("SC_ARG_MAX")
@@ -273,6 +276,21 @@ def _unfit_owner(uid: int) -> str | None:
     return None
 
 
+def _bind_ids(binds: tuple[BindSpec, ...], mounts: Sequence[Mount], checked: dict[Mount, os.stat_result],
+              uid: int, gid: int) -> tuple[tuple[tuple[int, int], tuple[int, int, int, int] | None] | None, ...]:
+    """ViewSpec.bind_ids: for each per-run bind, its source as checked here and the idmap of its
+    owner onto the run's ids (none where they are the run's already)."""
+    out = []
+    for b, m in zip(binds, mounts, strict=True):
+        st = checked.get(m) if b.per_run else None
+        if st is None:
+            out.append(None)
+            continue
+        same = (st.st_uid, st.st_gid) == (uid, gid)
+        out.append(((st.st_dev, st.st_ino), None if same else (st.st_uid, uid, st.st_gid, gid)))
+    return tuple(out)
+
+
 def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
     prof = req.profile
     lim = prof.limits
@@ -303,11 +321,16 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
                                  "shows the workdir at its host path, which cannot be made inside a bind")
     inside = work.path if prof.workdir == "same" and work.path else (
         "/work" if prof.workdir == "same" else prof.workdir)
+    # The caller's read-write binds: no link in the path, no system tree; for a root caller,
+    # idmapped onto the run's per-run ids as the workdir is (view_binds: which ones).
+    checked = {m: check_writable_bind(m.source, f"bind {m.source}") for m in prof.mounts if m.writable}
     view = None
     if prof.view == "private":
         name = "root" if uid == 0 else "sandbox"
+        binds = view_binds(prof.mounts, per_run=not rootless, workdir=inside)
         view = ViewSpec(
-            binds=view_binds(prof.mounts), workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
+            binds=binds, bind_ids=_bind_ids(binds, prof.mounts, checked, uid, gid),
+            workdir_host=work.path, workdir=inside, tmp_size=lim.tmp_size,
             workdir_size=lim.workdir_size, workdir_owner=None if _rootless() else (uid, gid),
             workdir_fixed=prof.workdir != "same" or not work.path,
             workdir_idmap=idmap, workdir_fallback="fallback_ids" in extra,
@@ -327,9 +350,6 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
         v = getattr(lim, key)
         if v is not None:
             rl.append((key, v))
-    for m in prof.mounts:  # the caller's read-write binds: no link in the path, no system tree
-        if m.writable:
-            check_writable_bind(m.source, f"bind {m.source}")
     if view is None and (work.checked is not None or work.fresh_id is not None):
         # No mount namespace: the child chdirs to the directory by path, checks that it is
         # the directory checked (or made) here, and gives Landlock "." (not the path again).

@@ -410,3 +410,103 @@ def test_without_a_private_tmp_home_is_the_runs_workdir_not_the_hosts_tmp() -> N
     r = sandbox.run(["sh", "-c", 'echo "$HOME"; pwd; touch ~/.dotfile && echo wrote'], profile="nested")
     home, cwd, wrote = r.stdout.split()
     assert home == cwd != "/tmp" and wrote == "wrote", r
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_read_write_bind_is_the_runs_own_like_the_workdir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                            path: str) -> None:
+    """A root caller's read-write bind is idmapped onto each run's uid, as the workdir is: the
+    run writes there as the directory's owner, so a later run (whatever its per-run uid) can
+    change what an earlier one wrote; another host user's file there stays out of the run's hands."""
+    if os.geteuid() != 0:
+        pytest.skip("per-run uids (and idmapped binds) are a root caller's")
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    out = tmp_path / "out"
+    out.mkdir()  # root's, 0755: a per-run uid could not even create a file here without the idmap
+    (out / "theirs").write_text("theirs\n")
+    os.chown(out / "theirs", 12345, 12345)
+    (tmp_path / "data.txt").write_text("data\n")
+    binds = [f"{out}:/out", f"{tmp_path / 'data.txt'}:/data.txt"]  # a directory, and a file
+    first = sandbox.run(["sh", "-c", "id -u; stat -c %u /out; echo one > /out/made; echo more >> /data.txt; "
+                                     "echo x >> /out/theirs || echo refused"], bind=binds)
+    uid, seen_owner, refused = first.stdout.split()
+    assert first.status == "ok" and int(uid) == first.isolation.uid != 0 and int(seen_owner) == int(uid), first
+    assert refused == "refused", first.stdout
+    assert (out / "made").stat().st_uid == 0  # on the host: the owner's, not a per-run uid another run lacks
+    second = sandbox.run(["sh", "-c", "echo two >> /out/made && mkdir /out/d && echo ok"], bind=binds)
+    assert second.stdout == "ok\n", second
+    assert (out / "made").read_text() == "one\ntwo\n"
+    assert (tmp_path / "data.txt").read_text() == "data\nmore\n"
+    assert {p.stat().st_uid for p in (out / "made", out / "d", tmp_path / "data.txt")} == {0}  # the owner's
+    assert (out / "theirs").read_text() == "theirs\n" and (out / "theirs").stat().st_uid == 12345
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_read_write_bind_is_the_source_that_was_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          path: str) -> None:
+    # Cloned for each run, a read-write bind's source is checked by the child against what the
+    # supervisor's walk found (a directory swapped in since is refused).
+    if os.geteuid() != 0:
+        pytest.skip("per-run binds are a root caller's")
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    from sandbox import supervisor
+
+    real = supervisor.check_writable_bind
+    swapped = {"on": False}
+
+    def another(given: object, what: str) -> os.stat_result:
+        st = real(given, what)
+        return os.stat_result((st.st_mode, st.st_ino + 1, *tuple(st)[2:])) if swapped["on"] else st
+
+    monkeypatch.setattr(supervisor, "check_writable_bind", another)
+    (tmp_path / "out").mkdir()
+    assert sandbox.run(["touch", "/out/made"], bind=f"{tmp_path / 'out'}:/out").status == "ok"
+    swapped["on"] = True
+    r = sandbox.run(["touch", "/out/again"], bind=f"{tmp_path / 'out'}:/out")
+    assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["made"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_read_write_bind_without_idmapped_mounts_is_bound_as_it_is(monkeypatch: pytest.MonkeyPatch, ramfs: Path,
+                                                                    path: str) -> None:
+    # Where the filesystem cannot idmap, the bind is what it was before idmapped binds: the run
+    # keeps its per-run uid and writes where the source's modes let any uid.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+    (ramfs / "in").write_text("in\n")
+    r = sandbox.run(["sh", "-c", "cat /r/in; touch /r/made 2>/dev/null || echo refused"], bind=f"{ramfs}:/r")
+    assert r.status == "ok" and r.stdout == "in\nrefused\n", r
+    os.chmod(ramfs, 0o777)
+    r = sandbox.run(["touch", "/r/made"], bind=f"{ramfs}:/r")
+    assert r.status == "ok" and (ramfs / "made").stat().st_uid == r.isolation.uid != 0, r
+    # A run whose workdir cannot be idmapped runs as its owner: its binds are then as they are,
+    # so it writes in a bind of that owner's as that owner (an idmap onto the per-run uid it
+    # no longer has would lock it out).
+    os.chown(ramfs, 4242, 4242)
+    os.chmod(ramfs, 0o755)
+    out = ramfs.parent / "out"
+    out.mkdir()
+    os.chown(out, 4242, 4242)
+    r = sandbox.run(["sh", "-c", "id -u; touch /out/made"], cwd=ramfs, bind=f"{out}:/out")
+    assert r.status == "ok" and r.stdout == "4242\n", r
+    assert (out / "made").stat().st_uid == 4242
+
+
+def test_a_profiles_read_write_bind_that_holds_another_is_not_cloned_per_run(tmp_path: Path) -> None:
+    # A profile may nest its own binds; a per-run mount of the outer one would hide the inner
+    # one, so an outer read-write bind stays in the view's shared part, as it was.
+    (tmp_path / "outer").mkdir()
+    (tmp_path / "outer" / "sub").mkdir()
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "x").write_text("inner\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text(f'extends = "strict"\n[filesystem]\nbind = ["{tmp_path / "outer"}:/data"]\n'
+                    f'ro_bind_try = ["{tmp_path / "inner"}:/data/sub"]\n')
+    r = sandbox.run(["cat", "/data/sub/x"], profile=str(prof))
+    assert r.status == "ok" and r.stdout == "inner\n", r
+    from sandbox.isolation.filesystem import view_binds
+    from sandbox.profile import load
+
+    binds = view_binds(load(str(prof)).mounts, per_run=True, workdir="/work")
+    assert [b.per_run for b in binds if b.target.startswith("/data")] == [False, False]
+    assert not any(b.per_run for b in view_binds(load(str(prof)).mounts, per_run=False, workdir="/work"))

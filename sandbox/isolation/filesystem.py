@@ -76,6 +76,9 @@ MAX_PTYS = 64
 # without capabilities) or to a per-run uid (which the next run to get it would share).
 NO_ROOT_FALLBACK = ("cannot idmap {} on this filesystem, and it belongs to root or to a per-run uid: the "
                     "command would run as host uid 0 or as another run; give the directory to an unprivileged owner")
+# The 'I' operation's third way, for a read-write bind: where the filesystem cannot idmap,
+# bind the clone as it is (the run then writes only where the source's modes let any uid).
+IDMAP_OR_AS_IS = 2
 
 
 @record(frozen=True)
@@ -86,6 +89,9 @@ class BindSpec:
     target: str
     writable: bool
     optional: bool
+    # Read-write, cloned for each run and idmapped onto its ids, as the workdir is (not part
+    # of a template): what the run writes there belongs to the source's owner.
+    per_run: bool = False
 
 
 @record(frozen=True)
@@ -113,6 +119,10 @@ class ViewSpec:
     # a terminal run: its terminal (fd 0, on the host's devpts, which the run's own devpts
     # instance does not show) is bound at /dev/console, where ttyname() finds it
     console: bool = False
+    # per bind (as `binds`), for a per_run one: (st_dev, st_ino) of the source as the supervisor
+    # checked it, then (disk uid, run uid, disk gid, run gid) to idmap it with, or None where
+    # the run has the owner's ids already; None for the others
+    bind_ids: tuple[tuple[tuple[int, int], tuple[int, int, int, int] | None] | None, ...] = ()
 
 
 def _mkpoint(path: str, is_dir: bool) -> None:
@@ -150,7 +160,8 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 #   W slot path                       open_tree clone of path
 #   V slot path dev ino               the slot must be this file (device, inode), else EXDEV
 #   I slot path du ru dg rg fallback  idmap a clone onto the run's ids; where the filesystem cannot:
-#                                     run as the owner (fallback 1, reported) or refuse (0)
+#                                     run as the owner (fallback 1, reported), refuse (0), or
+#                                     leave the clone as it is (2: a read-write bind)
 #   M slot target                     move_mount a clone onto target, then nosuid,nodev (locked flags kept)
 #   r path / x path null              a /proc entry read-only / masked (if it exists)
 #   P root                            pivot_root into root and detach the old root
@@ -186,7 +197,8 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
     """Open every bind source and device node before anything is hidden. Which sources are
     symlinks (merged /usr: /bin -> usr/bin) is read here, in the host's mount tree."""
     p.sub("mount:open-sources")
-    opened: list[tuple[int | str, BindSpec, bool]] = []  # (slot or symlink text, spec, is_dir)
+    # (slot, symlink text, or None for a per-run bind's mount point; spec; is_dir)
+    opened: list[tuple[int | str | None, BindSpec, bool]] = []
     from ..errors import InputError
     from ..hostpaths import MissingPath, lstat_through_real_dirs
 
@@ -204,6 +216,9 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
                 continue
             # never a source opened unchecked: it could be reached through a link by then
             raise OSError(errno.ENOENT if missing else errno.ELOOP, str(e)) from None
+        if b.per_run:
+            opened.append((None, b, stat.S_ISDIR(st.st_mode)))
+            continue
         k = p.slot()
         p.op("o", k, b.source, 0)
         p.op("V", k, b.source, st.st_dev, st.st_ino)
@@ -216,7 +231,7 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
     return opened, devices
 
 
-def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int | str, BindSpec, bool]],
+def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int | str | None, BindSpec, bool]],
                  devices: list[tuple[str, int]]) -> None:
     """What is the same for every run of a profile: root tmpfs, binds, /dev nodes, /etc."""
     p.sub("mount:root-tmpfs")
@@ -229,7 +244,9 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     p.sub("mount:binds")
     ordered = sorted(opened, key=lambda x: x[1].target.count("/"))
     for src, b, is_dir in ordered:
-        if not isinstance(src, str):
+        if src is None:  # each run mounts its own clone here (_per_run_binds)
+            p.op("K", root + b.target, is_dir)
+        elif not isinstance(src, str):
             p.op("b", src, root + b.target, b.writable, 0, is_dir)
     # Then the sources that are links (merged /usr: /bin -> usr/bin), reproduced as links:
     # last, because until pivot_root a link in the new root resolves on the host, and a
@@ -287,6 +304,29 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) ->
     return "tmpfs", -1
 
 
+def _per_run_binds(p: ViewOps, spec: ViewSpec) -> list[tuple[int, str]]:
+    """Each per-run bind's source, cloned while the host's mount tree is visible, checked to
+    be the file the supervisor checked, and idmapped onto the run's ids (where the
+    filesystem cannot, the clone is bound as it is: the run then writes only where the
+    source's modes let any uid). [(slot, target)], to attach in _per_run_part."""
+    out = []
+    for i, b in enumerate(spec.binds):
+        if not b.per_run:
+            continue
+        ids = spec.bind_ids[i] if i < len(spec.bind_ids) else None
+        if ids is None:  # never bound unchecked
+            raise ValueError(f"no checked source for the read-write bind at {b.target}")
+        if not out:
+            p.sub("mount:open-binds")
+        k = p.slot()
+        p.op("W", k, b.source)
+        p.op("V", k, b.source, *ids[0])
+        if ids[1] is not None:
+            p.op("I", k, b.source, *ids[1], IDMAP_OR_AS_IS)
+        out.append((k, b.target))
+    return out
+
+
 def _console(p: ViewOps, spec: ViewSpec, *, own_ns: bool = False) -> int:
     """A terminal run's terminal (fd 0) as a detached mount, cloned while the host's mount
     tree is visible; its slot, or -1. The terminal is on the host's devpts, which the run's
@@ -302,10 +342,10 @@ def _console(p: ViewOps, spec: ViewSpec, *, own_ns: bool = False) -> int:
 
 
 def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], swap_proc: bool = False,
-                  console: int = -1) -> None:
+                  console: int = -1, binds: Sequence[tuple[int, str]] = ()) -> None:
     """What each run gets fresh: /tmp, /run, /dev/shm, /dev/pts, its terminal at /dev/console,
-    the workdir, /proc. swap_proc: a rootless run copied from a template replaces the
-    template's /proc (below)."""
+    its read-write binds, the workdir, /proc. swap_proc: a rootless run copied from a template
+    replaces the template's /proc (below)."""
     p.sub("mount:tmp")
     p.mount("tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.tmp_size}")
     p.mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k")
@@ -317,6 +357,10 @@ def _per_run_part(p: ViewOps, root: str, spec: ViewSpec, work: tuple[str, int], 
     p.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}")
     if console >= 0:
         p.op("j", console, f"{dev}/console")
+    if binds:
+        p.sub("mount:binds-read-write")
+        for k, target in sorted(binds, key=lambda x: x[1].count("/")):
+            p.op("M", k, root + target)
     p.sub("mount:workdir")
     target = root + spec.workdir
     p.op("D", target)  # "same": under the fresh /tmp, or in the root before it is sealed
@@ -364,19 +408,21 @@ def view_ops(spec: ViewSpec, template_fd: int = -1, rootless: bool = False) -> V
     if template_fd >= 0:
         work = _workdir(p, spec, tree=True, own_ns=rootless)
         console = _console(p, spec, own_ns=rootless and work[0] != "tree")  # (_workdir's copy serves)
+        binds = _per_run_binds(p, spec)  # (never rootless: a rootless run has the caller's ids)
         p.sub("mount:enter-template")
         p.op("e", template_fd, CLONE_NEWNS)
         p.op("u", CLONE_NEWNS)
         p.op("c", "/")
-        _per_run_part(p, "", spec, work, swap_proc=rootless, console=console)
+        _per_run_part(p, "", spec, work, swap_proc=rootless, console=console, binds=binds)
     else:
         p.sub("mount:private")
         p.mount("", "/", "", MS_REC | MS_PRIVATE)
         opened, devices = _open_sources(p, spec)
         work = _workdir(p, spec, tree=False)
         console = _console(p, spec)
+        binds = _per_run_binds(p, spec)
         _static_part(p, NEW_ROOT, spec, opened, devices)
-        _per_run_part(p, NEW_ROOT, spec, work, console=console)
+        _per_run_part(p, NEW_ROOT, spec, work, console=console, binds=binds)
         _pivot_and_seal(p, NEW_ROOT)
     p.op("c", spec.workdir)
     return p
@@ -541,6 +587,11 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                     raise OSError(errno.EXDEV, f"{a[1]} is no longer the {kind} that was checked "
                                   "(a path component replaced since)")
             elif code == "I":
+                if a[6] == IDMAP_OR_AS_IS:  # a read-write bind: bound as it is where it cannot be,
+                    step[0] = "mount:idmap-bind"  # or where the run has its workdir owner's ids
+                    if idmapped:
+                        _idmap(slots[a[0]], a[2:6])
+                    continue
                 step[0] = "mount:idmap-workdir"
                 idmapped = _idmap(slots[a[0]], a[2:6])
                 if not idmapped and not a[6]:
@@ -639,12 +690,21 @@ def _source_ids(spec: ViewSpec) -> tuple[object, ...]:
 _binds: dict[object, tuple[BindSpec, ...]] = {}
 
 
-def view_binds(mounts: Sequence[object]) -> tuple[BindSpec, ...]:
-    """The profile's mounts as binds; the same tuple each time (it is part of cache keys)."""
-    binds = _binds.get(mounts)
+def view_binds(mounts: Sequence[Any], *, per_run: bool = False, workdir: str = "") -> tuple[BindSpec, ...]:
+    """The profile's mounts as binds; the same tuple each time (it is part of cache keys).
+    per_run: the read-write ones are each run's own clone, idmapped onto its ids (a root
+    caller's per-run uids), except one that holds another bind or the workdir (`workdir`,
+    inside): those are mounted below it in the template, which a per-run mount would hide."""
+    key = (mounts, per_run, workdir)
+    binds = _binds.get(key)
     if binds is None:
-        binds = tuple(BindSpec(m.source, m.target, m.writable, m.optional) for m in mounts)  # type: ignore[attr-defined]
+        def holds_another(m: Any) -> bool:
+            below = m.target.rstrip("/") + "/"
+            return workdir.startswith(below) or any(o.target.startswith(below) for o in mounts if o is not m)
+
+        binds = tuple(BindSpec(m.source, m.target, m.writable, m.optional,
+                               per_run=per_run and m.writable and not holds_another(m)) for m in mounts)
         if len(_binds) >= 64:
             _binds.clear()
-        _binds[mounts] = binds
+        _binds[key] = binds
     return binds

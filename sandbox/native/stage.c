@@ -89,6 +89,7 @@ static size_t trace_len;
 static struct timespec step_start;
 static int slots[MAX_SLOTS];
 static int run_uid = -1, run_gid = -1;
+static int as_owner;  /* the workdir could not be idmapped: the run has its owner's uid ('I') */
 static int landlock_rs = -1;
 static long landlock_abi;  /* of this kernel, once the profile asked for Landlock ('a') */
 
@@ -955,6 +956,8 @@ static void run(void) {
         }
         case 'I': {  /* idmap a clone onto the run's ids; where the filesystem cannot: fall back or refuse */
             int k = slot(&op, 0), ok = 0, why = 0;
+            /* a read-write bind, once the run fell back to its workdir owner's ids: as it is */
+            if (num(&op, 6) == 2 && as_owner) break;
             int userns = idmap_userns(num(&op, 2), num(&op, 3), num(&op, 4), num(&op, 5));
             if (userns >= 0) {
                 struct mount_attr_s attr = {MOUNT_ATTR_IDMAP, 0, 0, (uint64_t)userns};
@@ -962,6 +965,7 @@ static void run(void) {
                 why = errno;
                 close(userns);
             }
+            if (num(&op, 6) == 2) break;  /* a read-write bind: where it cannot be idmapped, as it is */
             if (!ok && !num(&op, 6)) {  /* the owner is root or a per-run uid: never run as either */
                 errno = EPERM;
                 CHECK(-1, "cannot idmap %s on this filesystem (%s), and it belongs to root or to a per-run uid: the "
@@ -969,6 +973,7 @@ static void run(void) {
                       a1, strerror(why ? why : EINVAL));
             }
             if (!ok) {  /* no idmapped mounts here: run as the directory's owner, and say so */
+                as_owner = 1;
                 run_uid = num(&op, 2);
                 run_gid = NOGROUP;  /* never the directory's group (shadow, disk, docker...) */
                 report("A uid=%d", run_uid);
