@@ -279,6 +279,19 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
     p.op("w", f"{root}/etc/hosts", 0o644, f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost\n")
 
 
+def _clone(p: ViewOps, path: str, checked: tuple[int, int] | None, idmap: tuple[int, int, int, int] | None,
+           fallback: int) -> int:
+    """A detached clone of a host path, checked to be the file the supervisor checked (device,
+    inode) and idmapped onto the run's ids when asked (`fallback`: see the 'I' operation)."""
+    k = p.slot()
+    p.op("W", k, path)
+    if checked is not None:
+        p.op("V", k, path, *checked)
+    if idmap is not None:
+        p.op("I", k, path, *idmap, fallback)
+    return k
+
+
 def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) -> tuple[str, int]:
     """The caller's workdir, opened while the host's mount tree is still visible: a detached
     clone (idmapped onto the run's ids when asked), a plain fd, or nothing (a fresh tmpfs).
@@ -288,13 +301,7 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) ->
         p.sub("mount:open-workdir")
         if own_ns:
             p.op("u", CLONE_NEWNS)
-        k = p.slot()
-        p.op("W", k, spec.workdir_host)
-        if spec.workdir_id is not None:
-            p.op("V", k, spec.workdir_host, *spec.workdir_id)
-        if spec.workdir_idmap is not None:
-            p.op("I", k, spec.workdir_host, *spec.workdir_idmap, int(spec.workdir_fallback))
-        return "tree", k
+        return "tree", _clone(p, spec.workdir_host, spec.workdir_id, spec.workdir_idmap, int(spec.workdir_fallback))
     if spec.workdir_host:
         k = p.slot()
         p.op("o", k, spec.workdir_host, 0)
@@ -318,12 +325,7 @@ def _per_run_binds(p: ViewOps, spec: ViewSpec) -> list[tuple[int, str]]:
             raise ValueError(f"no checked source for the read-write bind at {b.target}")
         if not out:
             p.sub("mount:open-binds")
-        k = p.slot()
-        p.op("W", k, b.source)
-        p.op("V", k, b.source, *ids[0])
-        if ids[1] is not None:
-            p.op("I", k, b.source, *ids[1], IDMAP_OR_AS_IS)
-        out.append((k, b.target))
+        out.append((_clone(p, b.source, ids[0], ids[1], IDMAP_OR_AS_IS), b.target))
     return out
 
 
