@@ -34,6 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.close(null)
 
 
+@pytest.fixture(params=["native", "python"])
+def child(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs twice: through the native stage and through the Python child."""
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if request.param == "native" else "0")
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def probe() -> sandbox.Result:
     """One real strict run: what this host really applies."""

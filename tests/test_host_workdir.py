@@ -26,7 +26,6 @@ from sandbox.errors import InputError, SandboxError
 from sandbox.isolation.syscalls import umount2
 
 pytestmark = pytest.mark.usefixtures("isolated")
-PATHS = ["native", "python"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,12 +88,10 @@ def _check_finds_another_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workdir, "check_writable_dir", swapped)
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_child_refuses_a_workdir_replaced_after_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                          path: str) -> None:
+                                                          child: str) -> None:
     # As if a component of the path had been swapped for a link between the supervisor's
     # check and the child's open_tree: the tree the child holds is not the checked directory.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     _check_finds_another_directory(monkeypatch)
     r = sandbox.run(["sh", "-c", "echo ran"], cwd=tmp_path)
     assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
@@ -116,10 +113,7 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
         umount2(str(d), 2)  # MNT_DETACH
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_root_owned_workdir_without_idmap_never_runs_as_root(monkeypatch: pytest.MonkeyPatch, ramfs: Path,
-                                                             path: str) -> None:
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
+def test_root_owned_workdir_without_idmap_never_runs_as_root(ramfs: Path, child: str) -> None:
     r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
     assert r.status == "setup_error" and "host uid 0" in (r.error or ""), r
     assert r.stdout == "" and not (ramfs / "made").exists()
@@ -258,15 +252,13 @@ def test_a_directory_of_a_per_run_uid_is_no_ones_to_run_as(tmp_path: Path) -> No
         sandbox.run(["true"], profile="nested", cwd=work)
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_nested_child_checks_the_directory_it_enters(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                     path: str) -> None:
+                                                     child: str) -> None:
     # No mount namespace: the child enters the caller's directory by path. It must be the one
     # checked (a concurrent run of the same owner could swap a component), and Landlock's
     # write rule is that directory, ".", never the path resolved a second time.
     if os.geteuid() != 0:
         pytest.skip("a directory owned by another user needs a root caller")
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     work, other = tmp_path / "w", tmp_path / "other"
     for d in (work, other):
         d.mkdir()
@@ -282,12 +274,10 @@ def test_nested_child_checks_the_directory_it_enters(monkeypatch: pytest.MonkeyP
     assert r.status == "setup_error" and "no longer the directory that was checked" in (r.error or ""), r
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                             path: str) -> None:
+                                                             child: str) -> None:
     # A link planted before a bind source's last component would pick what is bound; and
     # the child checks that it opened the very file the supervisor looked at.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     (tmp_path / "private").mkdir()
     (tmp_path / "private" / "data").write_text("not for the run\n")
     ws = tmp_path / "ws"
@@ -298,7 +288,7 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
     assert sandbox.run(["cat", "/data"], ro_bind=f"{tmp_path / 'private' / 'data'}:/data").stdout == \
         "not for the run\n"
     # Swapped between the look and the child's open: the child's identity check refuses it.
-    if path == "native":  # the stage's view is compiled here, in this process
+    if child == "native":  # the stage's view is compiled here, in this process
         (tmp_path / "private" / "other").write_text("x\n")
         real = hostpaths.lstat_through_real_dirs
 
@@ -322,13 +312,10 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
             filesystem.apply(view, [""])
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_link_in_the_view_is_made_after_every_bind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                     path: str) -> None:
+def test_a_link_in_the_view_is_made_after_every_bind(tmp_path: Path, child: str) -> None:
     # A profile's bind source that is a link is reproduced as a link in the view; until
     # pivot_root it resolves on the host, so a bind target below it would make its mount
     # point there. Links come last: the host directory it points at is never written.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     host_dir = tmp_path / "host-dir"
     host_dir.mkdir()
     os.symlink(host_dir, tmp_path / "tools")
@@ -344,12 +331,9 @@ def test_a_link_in_the_view_is_made_after_every_bind(monkeypatch: pytest.MonkeyP
         sandbox.run(["true"], ro_bind=f"{tmp_path / 'tools'}:/opt/tools")
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_no_mount_point_is_made_through_a_link_inside_a_bound_directory(monkeypatch: pytest.MonkeyPatch,
-                                                                       tmp_path: Path, path: str) -> None:
+def test_no_mount_point_is_made_through_a_link_inside_a_bound_directory(tmp_path: Path, child: str) -> None:
     # A run plants a link in a directory that a later run binds; a bind target below that
     # link would make its mount point on the host before pivot_root. It is refused instead.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     host_dir = tmp_path / "host-dir"
     host_dir.mkdir()
     ws = tmp_path / "ws"
@@ -412,15 +396,12 @@ def test_without_a_private_tmp_home_is_the_runs_workdir_not_the_hosts_tmp() -> N
     assert home == cwd != "/tmp" and wrote == "wrote", r
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_read_write_bind_is_the_runs_own_like_the_workdir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                            path: str) -> None:
+def test_a_read_write_bind_is_the_runs_own_like_the_workdir(tmp_path: Path, child: str) -> None:
     """A root caller's read-write bind is idmapped onto each run's uid, as the workdir is: the
     run writes there as the directory's owner, so a later run (whatever its per-run uid) can
     change what an earlier one wrote; another host user's file there stays out of the run's hands."""
     if os.geteuid() != 0:
         pytest.skip("per-run uids (and idmapped binds) are a root caller's")
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     out = tmp_path / "out"
     out.mkdir()  # root's, 0755: a per-run uid could not even create a file here without the idmap
     (out / "theirs").write_text("theirs\n")
@@ -441,14 +422,12 @@ def test_a_read_write_bind_is_the_runs_own_like_the_workdir(monkeypatch: pytest.
     assert (out / "theirs").read_text() == "theirs\n" and (out / "theirs").stat().st_uid == 12345
 
 
-@pytest.mark.parametrize("path", PATHS)
 def test_a_read_write_bind_is_the_source_that_was_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                          path: str) -> None:
+                                                          child: str) -> None:
     # Cloned for each run, a read-write bind's source is checked by the child against what the
     # supervisor's walk found (a directory swapped in since is refused).
     if os.geteuid() != 0:
         pytest.skip("per-run binds are a root caller's")
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     from sandbox import supervisor
 
     real = supervisor.check_writable_bind
@@ -467,12 +446,9 @@ def test_a_read_write_bind_is_the_source_that_was_checked(monkeypatch: pytest.Mo
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["made"]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_read_write_bind_without_idmapped_mounts_is_bound_as_it_is(monkeypatch: pytest.MonkeyPatch, ramfs: Path,
-                                                                    path: str) -> None:
+def test_a_read_write_bind_without_idmapped_mounts_is_bound_as_it_is(ramfs: Path, child: str) -> None:
     # Where the filesystem cannot idmap, the bind is what it was before idmapped binds: the run
     # keeps its per-run uid and writes where the source's modes let any uid.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     (ramfs / "in").write_text("in\n")
     r = sandbox.run(["sh", "-c", "cat /r/in; touch /r/made 2>/dev/null || echo refused"], bind=f"{ramfs}:/r")
     assert r.status == "ok" and r.stdout == "in\nrefused\n", r

@@ -299,10 +299,8 @@ def test_callers_workdir_is_idmapped_to_the_unprivileged_run_uid(tmp_path) -> No
     assert (tmp_path / "out.txt").stat().st_uid == tmp_path.stat().st_uid == 0
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_proc_entries_that_describe_the_host_are_masked(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_proc_entries_that_describe_the_host_are_masked(child: str) -> None:
     # The host's boot arguments (a VM's may name its control ports), keys, timers: empty inside.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     names = [n for n in ("cmdline", "keys", "timer_list", "sched_debug", "locks") if os.path.exists(f"/proc/{n}")]
     with open("/proc/cmdline", "rb") as f:
         assert f.read().strip(), "the control: the host's own is not empty"
@@ -316,12 +314,10 @@ def test_proc_entries_that_describe_the_host_are_masked(monkeypatch: pytest.Monk
     assert r.stdout.split() == [f"{n}=0" for n in names], r.stdout
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_a_run_holds_at_most_max_ptys_terminals(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_a_run_holds_at_most_max_ptys_terminals(child: str) -> None:
     """Its own devpts instance is capped: the kernel's shared pty pool is not the run's to use up."""
     from sandbox.isolation.filesystem import MAX_PTYS
 
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     code = ("import os\nn = 0\ntry:\n    while True:\n        os.openpty(); n += 1\n"
             "except OSError as e:\n    print(n, e.strerror)")
     r = sandbox.run(py(code), open_files=4 * MAX_PTYS)  # fds enough for twice as many
@@ -329,11 +325,9 @@ def test_a_run_holds_at_most_max_ptys_terminals(monkeypatch: pytest.MonkeyPatch,
     assert r.stdout.split(None, 1)[0] == str(MAX_PTYS), r.stdout
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_the_run_can_reopen_its_own_stdio(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_the_run_can_reopen_its_own_stdio(child: str) -> None:
     # `echo x > /dev/stderr` is in every other shell script: /dev/std* reopen the run's pipes,
     # which must be its own (and stdin, when none is given, an empty pipe, not the host's /dev/null).
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     script = "echo out > /dev/stdout; echo err > /dev/stderr; cat /dev/stdin; echo end"
     r = sandbox.run(["sh", "-c", script], stdin="in\n")
     assert (r.status, r.stdout, r.stderr) == ("ok", "out\nin\nend\n", "err\n"), r
@@ -341,12 +335,10 @@ def test_the_run_can_reopen_its_own_stdio(monkeypatch: pytest.MonkeyPatch, path:
     assert (r.status, r.stdout, r.stderr) == ("ok", "out\nend\n", "err\n"), r
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_dev_is_sealed(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_dev_is_sealed(child: str) -> None:
     # Templates share the /dev tmpfs between runs, and its nodes are the host's inodes: both
     # are mounted read-only (a device is still written through), so no run can add to /dev
     # for the next one, nor chmod or touch a host device even as its owner.
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     r = sandbox.run(["sh", "-c", "echo x > /dev/null && echo written; touch /dev/planted 2>&1; "
                      "awk '$5 ~ \"^/dev(/null|/zero|/tty)?$\" {print $5, $6}' /proc/self/mountinfo"])
     assert r.stdout.startswith("written\n") and "Read-only file system" in r.stdout, r
@@ -355,11 +347,9 @@ def test_dev_is_sealed(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     assert all(opts.split(",")[0] == "ro" for opts in mounts.values()), mounts
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_files_move_and_link_across_directories_of_the_run(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_files_move_and_link_across_directories_of_the_run(child: str) -> None:
     """Every Landlock layer refuses REFER unless it grants it: the command's scoped layer must,
     or each rename into another directory (an sdist build, an atomic replace) fails EXDEV."""
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     code = ("import os\nfor d in ('/work', '/tmp'):\n    os.makedirs(f'{d}/x/y')\n"
             "    open(f'{d}/x/y/f', 'w').close()\n    os.rename(f'{d}/x/y/f', f'{d}/x/f')\n"
             "    os.link(f'{d}/x/f', f'{d}/x/y/g')\n    os.rename(f'{d}/x/y', f'{d}/z')\n"
