@@ -261,11 +261,9 @@ def test_a_new_build_keeps_a_few_builds_of_other_versions(tmp_path) -> None:
         "seccomp-default-x.bpf", "stage-new", "stage-old3", "stage-old4", "stage-old5", "stage-old6"]
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
-def test_cpu_usage_counts_processes_killed_at_the_end(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_cpu_usage_counts_processes_killed_at_the_end(child: str) -> None:
     # A background spinner outlives the command and is killed with the sandbox: its CPU time
     # is the run's too (the kernel would reap it without adding it to PID 1's children).
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
     r = sandbox.run(["sh", "-c", "python3 -c 'while 1: pass' & sleep 0.6"])
     assert r.status == "ok", r
     assert r.usage.cpu_user_s + r.usage.cpu_sys_s >= 0.3, r.usage
@@ -420,9 +418,8 @@ def test_a_long_lived_caller_builds_each_view_from_its_template(monkeypatch: pyt
             supervisor._native.close()
 
 
-@pytest.mark.parametrize("path", ["native", "python"])
 def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts(
-        monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, child: str) -> None:
     """A supervisor SIGKILLed between the child's spawn and its PR_SET_PDEATHSIG would send no
     signal, and the run would go on with no one to end it at its timeout. The child checks its
     report pipe right after arming the signal: no reader left, no run. Here the child gets a
@@ -432,8 +429,7 @@ def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts
     from sandbox import record as records
     from sandbox.native import launch
 
-    monkeypatch.setenv("SANDBOXRUN_NATIVE", "1" if path == "native" else "0")
-    cls = launch.NativeForker if path == "native" else forker_mod.ServerForker
+    cls = launch.NativeForker if child == "native" else forker_mod.ServerForker
     real = cls.spawn
 
     def with_dead_reader(self, plan, fds):  # noqa: ANN001, ANN202
