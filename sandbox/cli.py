@@ -257,7 +257,8 @@ def cmd_run(argv: list[str]) -> int:
     if ns.yield_ms is not None:
         from .sessions import run_or_yield
 
-        res = run_or_yield(cmd, yield_after=ns.yield_ms / 1000, shell=ns.shell, **kw)
+        # A session's monitor reads --stdin-file by name; the CLI's own stdin does not reach it.
+        res = run_or_yield(cmd, yield_after=ns.yield_ms / 1000, shell=ns.shell, stdin_file=ns.stdin_file, **kw)
         print(res.to_json(indent=2))
         return 0 if res.status == "running" else exit_code_for(res)
     from . import supervisor

@@ -270,9 +270,12 @@ class Monitor:
             return
         res = Result(command=list(self.req.get("argv", [])), status="setup_error", error=f"monitor: {message}",
                      error_step="monitor", session_id=self.sid, profile=self.meta.get("profile", ""),
-                     stderr=f"sandboxrun: session monitor failed: {message}\n")
+                     stderr=f"sandboxrun: session monitor failed: {message}\n",
+                     isolation=None)  # not known: never Isolation()'s "host network, no seccomp"
+        d = res.to_dict()
+        d["killed"] = self.killed
         try:
-            write_json(self._p("result.json"), res.to_dict())
+            write_json(self._p("result.json"), d)
             self._set_meta(state="exited", ended_at=time.time(), status=res.status, exit_code=res.exit_code)
         except OSError:
             pass

@@ -1120,6 +1120,11 @@ def _abandon(sdir: str) -> None:
             raise
 
 
+_TO_LOGS = "the output goes to the session's logs"
+# The session's monitor is a process of its own: an fd of the caller's does not reach it.
+_NO_FD = "a session's input is stdin bytes, a stdin_file by name, or Session.write"
+
+
 def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes: int = TAIL_BYTES,
                  **kwargs: Any) -> Result:
     """Run `command` as a session; if it ends within `yield_after` seconds return its
@@ -1127,13 +1132,13 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
     session_id and the tail of its output so far (later polls start after it).
 
     Takes sandbox.run's arguments (profile, timeout, cwd, env, stdin, shell, limit
-    overrides) plus start()'s (name, pty, cols, rows)."""
+    overrides) plus start()'s (name, pty, cols, rows, stdin_file)."""
     # Checked before the session starts: a value wait() refused after it would leave one
     # running that the caller never learns of.
     yield_after = _seconds("yield_after", yield_after, forever=True)
-    for bad in ("on_stdout", "on_stderr", "stdin_fd"):
+    for bad, why in (("on_stdout", _TO_LOGS), ("on_stderr", _TO_LOGS), ("stdin_fd", _NO_FD), ("stdin_from", _NO_FD)):
         if kwargs.get(bad) is not None:
-            raise InputError(f"{bad} cannot be combined with yield_after (the output goes to the session's logs)")
+            raise InputError(f"{bad} cannot be combined with yield_after ({why})")
         kwargs.pop(bad, None)
     try:
         sess = start(command, **kwargs)

@@ -641,6 +641,44 @@ def test_cli_terminal_size_without_a_terminal_is_refused() -> None:
     assert r.returncode == 2 and b"cols" in r.stderr, r.stderr  # 0 is refused, not taken for the default
 
 
+def test_a_yield_takes_input_a_session_can_take_and_names_what_it_cannot(tmp_path: Path) -> None:
+    """stdin_from (an fd of the caller's) cannot reach a session's monitor: refused by name,
+    not taken for an unknown profile setting; a file by name is read, through the CLI too."""
+    r, w = os.pipe()
+    try:
+        with pytest.raises(InputError, match="stdin_from cannot be combined with yield_after"):
+            sandbox.run(["cat"], yield_after=5, stdin_from=r)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert sessions.list_sessions(sweep=False) == []
+    src = tmp_path / "in.txt"
+    src.write_text("from the file\n")
+    res = sessions.run_or_yield(["cat"], yield_after=20, stdin_file=str(src))
+    assert (res.status, res.stdout) == ("ok", "from the file\n"), res
+    p = cli("run", "--yield-ms", "20000", "--stdin-file", str(src), "--", "cat")
+    assert p.returncode == 0 and json.loads(p.stdout)["stdout"] == "from the file\n", p
+
+
+def test_a_failed_monitor_records_that_nothing_was_applied(tmp_path: Path) -> None:
+    """Its setup_error said "host network, no seccomp, no filesystem view" (Isolation()'s
+    defaults) where nothing is known; and result.json lacked the "killed" key others have."""
+    from sandbox import monitor
+
+    (tmp_path / "request.json").write_text(json.dumps({"argv": ["true"]}))
+    (tmp_path / "meta.json").write_text(json.dumps({"profile": "strict", "state": "starting"}))
+    r, w = os.pipe()
+    try:
+        monitor.Monitor(str(tmp_path), w).fail("boom")
+        assert os.read(r, 1) == b"E"
+    finally:
+        os.close(r)
+    d = json.loads((tmp_path / "result.json").read_text())
+    assert (d["status"], d["error"], d["isolation"], d["killed"]) == ("setup_error", "monitor: boom", None, False), d
+    pytest.importorskip("jsonschema").Draft202012Validator(
+        json.loads((ROOT / "sandbox" / "result.schema.json").read_text())).validate(d)
+
+
 def test_a_yield_too_long_is_refused_before_any_session_starts() -> None:
     """wait() refused it after start(): the call failed and left a session running unseen."""
     with pytest.raises(InputError, match="yield_after"):
