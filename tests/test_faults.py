@@ -30,6 +30,7 @@ import sandbox
 from sandbox import leaks
 from sandbox import record as records
 from sandbox.isolation import cgroups
+from sandbox.plan import PARENT_GONE
 from sandbox.profile import load, with_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,6 +202,37 @@ def test_start_up_sweep_removes_host_workdirs_of_dead_supervisors(tmp_path: Path
     workdir.sweep_stale()
     kept = [f"sandboxrun-{os.getppid()}-live", "sandboxrun-rootless-xyz"]
     assert sorted(d.name for d in tmp_path.iterdir()) == sorted(kept + ([stranger.name] if os.geteuid() == 0 else []))
+
+
+def test_threads_starting_together_share_one_owner_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of a process's first concurrent runs made a token of its own (none was kept yet):
+    the sweep then judged a sibling's live workdir as "our pid, another token", a dead
+    supervisor's, and removed it (doctor's six probes at once failed at 'cwd')."""
+    from sandbox.isolation import cgroups
+
+    real = os.urandom
+
+    def slow(n: int) -> bytes:  # the window between the check and the store, widened
+        time.sleep(0.005)
+        return real(n)
+
+    monkeypatch.setattr(os, "urandom", slow)
+    for _ in range(5):
+        monkeypatch.setattr(cgroups, "_OWN", None)
+        start = threading.Barrier(6)
+        tags: list[str] = []
+
+        def tag(start: threading.Barrier, tags: list[str]) -> None:
+            start.wait()
+            tags.append(cgroups.owner_tag())
+
+        threads = [threading.Thread(target=tag, args=(start, tags)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(tags)) == 1, tags
+        assert not cgroups.owner_is_gone(tags[0] + "-1")
 
 
 @pytest.fixture
@@ -421,6 +453,8 @@ def test_full_workdir_gives_enospc_and_the_runner_goes_on(no_leftovers, tiny_tmp
 def test_full_tmp_gives_enospc(no_leftovers) -> None:
     r = sandbox.run(["python3", "-c", FILL, "/tmp/big"], tmp_size="256KiB")
     assert r.stdout.strip() == "ENOSPC", (r.stdout, r.stderr)
+    r = sandbox.run(["sh", "-c", "echo again > /tmp/small && cat /tmp/small"], tmp_size="256KiB")
+    assert r.status == "ok" and r.stdout == "again\n", r  # the next run's /tmp is its own, empty
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -486,7 +520,7 @@ def test_signal_to_cli_tears_down_and_exits_128_plus_its_number(no_leftovers, si
             p.kill()
             p.communicate()
     assert p.returncode == 128 + sig, (p.returncode, err)  # 130, 143, 129: as shells report them
-    assert b"Traceback" not in err and b"interrupted" in err, err
+    assert b"Traceback" not in err and err.decode().splitlines()[-1:] == ["sandboxrun: interrupted; sandbox torn down"], err
     # Torn down by the CLI itself, before it exited: no sweep needed.
     assert leaks.marked(mark) == []
     assert leaks.runner_cgroups(owner=p.pid) == []
@@ -962,13 +996,25 @@ def test_the_python_child_holds_signals_until_its_handlers_are_in_place(
         real(main_pid, report_fd, pid1)
 
     monkeypatch.setattr(child, "init_loop", late)
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", sandbox.run(
+        ["bash", "-c", f"exec -a {mark} sleep 5"], profile="nested", cwd=work, timeout=10)))
     try:
-        r = sandbox.run(["bash", "-c", f"kill -64 $PPID; exec -a {mark} sleep 5"], profile="nested", cwd=work,
-                        timeout=10)
+        t.start()
+        # From the host, not from the command: with Landlock's signal scope (ABI >= 6) the
+        # command cannot signal the child at all, and the test would prove nothing.
+        deadline = time.monotonic() + 5
+        while not (cmd := leaks.marked(mark)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cmd, "the command never started"
+        os.kill(cmd[0].ppid, PARENT_GONE)  # the child, still in the widened window
+        t.join(20)
+        r = box["r"]
         assert r.isolation is None or r.isolation.cgroup == "none", r
         assert leaks.marked(mark) == []
     finally:
         end_marked(mark)
+        t.join(20)
 
 
 def test_a_zombie_leader_with_live_threads_counts_as_alive_for_the_uid_sweep() -> None:
@@ -1021,15 +1067,11 @@ def test_a_nested_run_cannot_signal_other_processes_of_its_uid(owned: tuple[str,
         assert own.poll() is None, "the owner's own process was signalled from the run"
 
 
-FLOOD = """
-import os, signal, time
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # forwarded back to us by the child
-parent, end = os.getppid(), time.time() + 2.5
-while time.time() < end:
-    try:
-        os.kill(parent, signal.SIGUSR1)
-    except PermissionError:  # Landlock's signal scope: the native stage is out of reach
-        pass
+FLOOD_TARGET = """
+import signal, time
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # forwarded to us by the child
+open("ready", "w").close()
+time.sleep(2.5)
 print("done")
 """
 
@@ -1038,11 +1080,32 @@ print("done")
 def test_a_flood_of_signals_at_the_child_changes_nothing(owned: tuple[str, Path], path: str) -> None:
     # Forwarded signals are taken one at a time in the child's loop, never handled by a
     # handler that scans /proc: a flood once nested those scans until a RecursionError.
-    _mark, work = owned
-    argv, environ = _nested_as_owner(work, path, "--timeout", "20", "--", "python3", "-c", FLOOD)
-    res = json.loads(subprocess.run(argv, env=environ, cwd=ROOT, capture_output=True, text=True,
-                                    timeout=60).stdout)
-    assert res["status"] == "ok" and res["stdout"] == "done\n", res
+    # The flood comes from the host: with Landlock's signal scope (ABI >= 6) the command
+    # cannot signal the child.
+    mark, work = owned
+    argv, environ = _nested_as_owner(work, path, "--timeout", "20", "--", "python3", "-c",
+                                     f"# {mark}" + FLOOD_TARGET)
+    proc = subprocess.Popen(argv, env=environ, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (work / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cmd = [p for p in leaks.marked(mark) if p.pid != proc.pid]  # (the CLI's argv has the mark too)
+        assert len(cmd) == 1 and (work / "ready").exists(), ("the command never started", cmd)
+        child = leaks._read_proc(cmd[0].ppid)
+        assert child is not None and child.ppid == proc.pid, (child, proc.pid)  # the CLI's child
+        sent, end = 0, time.monotonic() + 1.5
+        while time.monotonic() < end:
+            os.kill(child.pid, signal.SIGUSR1)
+            sent += 1
+        out, _ = proc.communicate(timeout=60)
+        res = json.loads(out)
+        assert res["status"] == "ok" and res["stdout"] == "done\n", (sent, res)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        end_marked(mark)
 
 
 WALKER = """

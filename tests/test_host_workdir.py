@@ -116,6 +116,7 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
 def test_root_owned_workdir_without_idmap_never_runs_as_root(ramfs: Path, child: str) -> None:
     r = sandbox.run(["sh", "-c", "id -u; touch made"], cwd=ramfs)
     assert r.status == "setup_error" and "host uid 0" in (r.error or ""), r
+    assert r.error_step == "filesystem:mount:idmap-workdir", r  # the same step through either child
     assert r.stdout == "" and not (ramfs / "made").exists()
     # Owned by an unprivileged user, it runs as that user (and says so), as before.
     os.chown(ramfs, 4242, 4242)
@@ -129,6 +130,7 @@ def test_root_owned_workdir_without_idmap_never_runs_as_root(ramfs: Path, child:
     os.chown(ramfs, base + count - 5, base + count - 5)
     r = sandbox.run(["true"], cwd=ramfs)
     assert r.status == "setup_error" and "per-run uid" in (r.error or ""), r
+    assert r.error_step == "filesystem:mount:idmap-workdir", r
     os.chown(ramfs, 4242, 4242)
     # As the owner, never in the directory's group (shadow, disk, docker...): nogroup.
     os.chown(ramfs, 4242, 42)

@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import struct
+from pathlib import Path
 
 import pytest
 from conftest import inherited_at
@@ -446,3 +447,55 @@ def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts
     no_landlock = records.replace(load("strict"), landlock="off")
     r = sandbox.run(["sh", "-c", "echo ran"], profile=no_landlock)
     assert "ran" not in r.stdout and r.status != "ok", r
+
+
+@pytest.mark.parametrize("console", [False, True])
+@pytest.mark.parametrize("workdir", [False, True])
+def test_the_stage_takes_a_view_only_where_its_fds_fit_the_slots(tmp_path: Path, workdir: bool, console: bool) -> None:
+    """A terminal and a caller's workdir hold a slot each: counted too, a view one slot too
+    large goes to the Python child instead of failing in the stage ("bad slot")."""
+    from types import SimpleNamespace
+
+    from sandbox.isolation.filesystem import BindSpec, ViewSpec, view_ops
+    from sandbox.native import ops
+
+    st = tmp_path.stat()
+    for n in range(ops.MAX_SLOTS - 12, ops.MAX_SLOTS + 1):
+        spec = ViewSpec(binds=tuple(BindSpec("/usr", f"/b{i}", False, False) for i in range(n)),
+                        workdir_host=str(tmp_path) if workdir else "", workdir="/work", tmp_size=1 << 20,
+                        shm_size=1 << 20, hostname="h", passwd="", group="", console=console,
+                        workdir_id=(st.st_dev, st.st_ino) if workdir else None)
+        assert ops.supports(SimpleNamespace(view=spec)) == (view_ops(spec).slots <= ops.MAX_SLOTS), n
+
+
+def test_a_kernel_with_only_the_tcp_setting_still_gets_a_parent_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """6.1 has tcp_child_ehash_entries but not udp_child_hash_entries (6.2): the TCP table's
+    saving was thrown away with the UDP one. Neither (before 6.1): no parent."""
+    import threading
+
+    from sandbox.isolation import network
+    from sandbox.isolation.syscalls import CLONE_NEWNET, setns
+
+    if not os.path.exists("/proc/sys/net/ipv4/tcp_child_ehash_entries"):
+        pytest.skip("kernel before 6.1: no per-namespace socket tables")
+    monkeypatch.setattr(network, "_parent", [])
+    monkeypatch.setattr(network, "CHILD_HASH_TABLES", ("tcp_child_ehash_entries", "udp_child_hash_entries_of_no_kernel"))
+    fd = network.parent_namespace()
+    assert fd >= 0
+    seen: list[str] = []
+
+    def read() -> None:  # in a thread of its own, which ends in the parent namespace
+        setns(fd, CLONE_NEWNET)
+        with open("/proc/sys/net/ipv4/tcp_child_ehash_entries") as f:
+            seen.append(f.read().strip())
+
+    try:
+        t = threading.Thread(target=read)
+        t.start()
+        t.join()
+        assert seen == [str(network.CHILD_HASH_BUCKETS)]
+    finally:
+        os.close(fd)
+    monkeypatch.setattr(network, "_parent", [])
+    monkeypatch.setattr(network, "CHILD_HASH_TABLES", ("no_such_child_entries",))
+    assert network.parent_namespace() == -1

@@ -369,16 +369,27 @@ _OWN: tuple[int, int, str] | None = None
 INIT_PID_NAMESPACE = 0xEFFFFFFC  # the kernel's PROC_PID_INIT_INO: whose /proc shows every process
 
 
+_own_lock = _thread.allocate_lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_own_lock=_thread.allocate_lock()))
+
+
 def _own() -> tuple[int, int, str]:
-    """(our pid, our pid namespace's inode, our token), looked up again after a fork."""
+    """(our pid, our pid namespace's inode, our token), looked up again after a fork. Made
+    once under a lock: threads that each made a token of their own took one another's runs
+    for those of a dead supervisor ("our pid, another token"), and the sweep removed a live
+    run's fresh workdir."""
     global _OWN
-    if _OWN is None or _OWN[0] != os.getpid():
-        try:
-            ns = os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            ns = 0
-        _OWN = (os.getpid(), ns, os.urandom(3).hex())
-    return _OWN
+    own = _OWN
+    if own is None or own[0] != os.getpid():
+        with _own_lock:
+            own = _OWN
+            if own is None or own[0] != os.getpid():
+                try:
+                    ns = os.stat("/proc/self/ns/pid").st_ino
+                except OSError:
+                    ns = 0
+                _OWN = own = (os.getpid(), ns, os.urandom(3).hex())
+    return own
 
 
 def own_pid_namespace() -> int:

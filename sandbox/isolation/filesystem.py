@@ -280,14 +280,17 @@ def _static_part(p: ViewOps, root: str, spec: ViewSpec, opened: list[tuple[int |
 
 
 def _clone(p: ViewOps, path: str, checked: tuple[int, int] | None, idmap: tuple[int, int, int, int] | None,
-           fallback: int) -> int:
+           fallback: int, what: str) -> int:
     """A detached clone of a host path, checked to be the file the supervisor checked (device,
-    inode) and idmapped onto the run's ids when asked (`fallback`: see the 'I' operation)."""
+    inode) and idmapped onto the run's ids when asked (`fallback`: see the 'I' operation).
+    `what` (workdir, bind) names the sub-steps, the same through either child."""
+    p.sub(f"mount:open-{what}")
     k = p.slot()
     p.op("W", k, path)
     if checked is not None:
         p.op("V", k, path, *checked)
     if idmap is not None:
+        p.sub(f"mount:idmap-{what}")
         p.op("I", k, path, *idmap, fallback)
     return k
 
@@ -298,10 +301,11 @@ def _workdir(p: ViewOps, spec: ViewSpec, *, tree: bool, own_ns: bool = False) ->
     own_ns: a rootless caller may clone a tree only in a mount namespace of its own user
     namespace, so it first takes a private copy of the host's (dropped at the template)."""
     if spec.workdir_idmap is not None or (tree and spec.workdir_host):
-        p.sub("mount:open-workdir")
         if own_ns:
+            p.sub("mount:open-workdir")
             p.op("u", CLONE_NEWNS)
-        return "tree", _clone(p, spec.workdir_host, spec.workdir_id, spec.workdir_idmap, int(spec.workdir_fallback))
+        return "tree", _clone(p, spec.workdir_host, spec.workdir_id, spec.workdir_idmap, int(spec.workdir_fallback),
+                              "workdir")
     if spec.workdir_host:
         k = p.slot()
         p.op("o", k, spec.workdir_host, 0)
@@ -323,9 +327,7 @@ def _per_run_binds(p: ViewOps, spec: ViewSpec) -> list[tuple[int, str]]:
         ids = spec.bind_ids[i] if i < len(spec.bind_ids) else None
         if ids is None:  # never bound unchecked
             raise ValueError(f"no checked source for the read-write bind at {b.target}")
-        if not out:
-            p.sub("mount:open-binds")
-        out.append((_clone(p, b.source, ids[0], ids[1], IDMAP_OR_AS_IS), b.target))
+        out.append((_clone(p, b.source, ids[0], ids[1], IDMAP_OR_AS_IS, "bind"), b.target))
     return out
 
 
@@ -590,11 +592,9 @@ def apply(view: ViewOps, step: list[str]) -> bool:
                                   "(a path component replaced since)")
             elif code == "I":
                 if a[6] == IDMAP_OR_AS_IS:  # a read-write bind: bound as it is where it cannot be,
-                    step[0] = "mount:idmap-bind"  # or where the run has its workdir owner's ids
-                    if idmapped:
+                    if idmapped:  # or where the run has its workdir owner's ids
                         _idmap(slots[a[0]], a[2:6])
                     continue
-                step[0] = "mount:idmap-workdir"
                 idmapped = _idmap(slots[a[0]], a[2:6])
                 if not idmapped and not a[6]:
                     raise OSError(errno.EPERM, NO_ROOT_FALLBACK.format(a[1]))

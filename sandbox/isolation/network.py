@@ -40,7 +40,7 @@ def parent_namespace() -> int:
     gets socket hash tables of its own, and tearing that down purges those few buckets
     instead of walking the host's whole TCP table (~0.3 ms a run). Made once per process,
     by a thread that ends at once (so nothing of ours stays in it); -1 where the kernel has
-    no such settings (before 6.1) or refuses. Nothing else of it reaches the children, and
+    neither setting (before 6.1) or refuses. Nothing else of it reaches the children, and
     the host's own settings are untouched."""
     if _parent:
         return _parent[0]
@@ -53,10 +53,16 @@ def parent_namespace() -> int:
 
         try:
             unshare(CLONE_NEWNET)  # this thread only, which ends next
+            written = 0
             for name in CHILD_HASH_TABLES:  # read from the thread's own namespace
-                with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
-                    f.write(str(CHILD_HASH_BUCKETS))
-            made[0] = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
+                        f.write(str(CHILD_HASH_BUCKETS))
+                    written += 1
+                except FileNotFoundError:  # 6.1 has the TCP one only (UDP came in 6.2)
+                    pass
+            if written:
+                made[0] = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             pass
 

@@ -5,9 +5,9 @@ hundreds of copy-on-write faults per run, and a Python child spends milliseconds
 interpreting the steps. The stage is posix_spawn'ed (vfork + exec: free even from
 a large, multi-threaded caller), reads a program of ordered steps compiled from the
 RunPlan (ops.py), applies them with the same syscalls as the Python child, and
-stays as PID 1. The Python child remains for what the stage does not do (rootless
-callers, whose forker lives in a user namespace of its own) and when no C
-compiler was there to build the stage.
+stays as PID 1. Rootless callers' forkers (in a user namespace of their own) spawn it
+too. The Python child remains for what the stage does not do (a view with more fds than
+its slots, ops.supports) and where no C compiler was there to build the stage.
 
 The binary is built once per source version into the trusted cache directory (the
 seccomp cache's: root-owned /var/cache/sandboxrun for root); `scripts/setup.sh` builds

@@ -74,9 +74,11 @@ MAX_SLOTS = 64  # stage.c: fds held between opening the bind sources and binding
 
 
 def supports(plan: RunPlan) -> bool:
-    """Plans the stage can run: all but views with more binds than the stage has slots for
-    (the Python child runs those)."""
-    return plan.view is None or len(plan.view.binds) + len(DEVICES) + 1 <= MAX_SLOTS
+    """Plans the stage can run: all but views that hold more fds than the stage has slots for
+    (the Python child runs those): one a bind, one a device, one the caller's workdir, one
+    a terminal."""
+    v = plan.view
+    return v is None or len(v.binds) + len(DEVICES) + bool(v.workdir_host) + v.console <= MAX_SLOTS
 
 
 _compiled: dict[tuple[object, ...], bytes] = {}
