@@ -81,12 +81,12 @@ def private_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
                 pass
 
 
-@pytest.fixture
-def host_listener() -> Iterator[int]:
-    """A TCP listener on the host's 127.0.0.1; yields its port."""
+@contextlib.contextmanager
+def _listener(address: str) -> Iterator[int]:
+    """A TCP listener of the host's on `address` that answers b"host-secret"; yields its port."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
+    srv.bind((address, 0))
     srv.listen(8)
     stop = threading.Event()
 
@@ -102,10 +102,26 @@ def host_listener() -> Iterator[int]:
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    srv.close()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+
+
+@pytest.fixture
+def host_listener() -> Iterator[int]:
+    """A TCP listener on the host's 127.0.0.1; yields its port."""
+    with _listener("127.0.0.1") as port:
+        yield port
+
+
+@pytest.fixture
+def host_listener_everywhere() -> Iterator[int]:
+    """A TCP listener on every address of the host (0.0.0.0); yields its port."""
+    with _listener("0.0.0.0") as port:
+        yield port
 
 
 def py(code: str) -> list[str]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import py
@@ -54,13 +57,35 @@ def test_own_loopback_works_inside() -> None:
     assert r.stdout.strip() == "ok", r
 
 
-def test_no_route_outside() -> None:
+def _outward_address() -> str | None:
+    """The host's own address on its default route (no packet is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") else addr
+
+
+def test_no_route_outside(host_listener_everywhere: int) -> None:
+    # Control: the host's own outward address answers on the host. In the sandbox there is
+    # no route at all (only lo): not the host's address, nor anything beyond it.
+    addr = _outward_address()
+    if addr is None:
+        pytest.skip("this host has no outward address")
+    with socket.create_connection((addr, host_listener_everywhere), timeout=2) as c:
+        assert c.recv(64) == b"host-secret\n"
     r = sandbox.run(py(
         "import socket\n"
-        "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=1); print('connected')\n"
-        "except OSError as e:\n    print('unreachable', e.errno)"
+        "print(len(open('/proc/net/route').readlines()) - 1, 'routes')\n"
+        "try:\n"
+        f"    s = socket.create_connection(('{addr}', {host_listener_everywhere}), timeout=2); print('reached', s.recv(64))\n"
+        "except OSError as e:\n"
+        "    print('unreachable', e.errno)\n"
     ))
-    assert r.stdout.startswith("unreachable"), r
+    assert r.status == "ok", r
+    assert r.stdout.split() == ["0", "routes", "unreachable", str(errno.ENETUNREACH)], r
 
 
 def test_secrets_of_the_host_filesystem_absent() -> None:
@@ -68,6 +93,23 @@ def test_secrets_of_the_host_filesystem_absent() -> None:
     r = sandbox.run(py("import os; print([os.path.exists(p) for p in "
                        "('/etc/shadow', '/root', '/home', '/dev/mem', '/dev/kmsg', '/dev/sda', '/sys', '/boot')])"))
     assert r.stdout.strip() == "[False, False, False, False, False, False, False, False]", r
+
+
+def test_no_host_device_but_the_harmless_few() -> None:
+    # Control: the host's /dev has its disks (vda, loop*, ... whatever this host has).
+    disks = [d for d in os.listdir("/sys/block") if os.path.exists(f"/dev/{d}")]
+    assert disks, "no block device on the host to look for"
+    r = sandbox.run(["ls", "-A", "/dev"])
+    assert r.status == "ok", r
+    assert set(r.stdout.split()) == {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm",
+                                     "fd", "stdin", "stdout", "stderr"}, r.stdout
+
+
+def test_open_files_are_capped() -> None:
+    # The host allows far more (a Python process here: thousands); the profile's open_files.
+    r = sandbox.run(py("import os\nn = 3\ntry:\n    while True:\n        os.open('/dev/null', os.O_RDONLY)\n"
+                       "        n += 1\nexcept OSError as e:\n    print(n, e.errno)"), open_files=64)
+    assert r.status == "ok" and r.stdout.split()[1:] == [str(errno.EMFILE)] and 32 < int(r.stdout.split()[0]) <= 64, r
 
 
 def test_system_is_read_only_and_workdir_writable() -> None:
@@ -154,6 +196,7 @@ try:
     os.setxattr('f', 'user.x', b'1'); print('setxattr ok')
 except OSError as e:
     print('setxattr', errno.errorcode[e.errno])
+import shutil
 import socket
 for fam in (16, 17, 40, 38):  # netlink, packet, vsock, alg
     try:
@@ -233,10 +276,23 @@ def test_cgroup_namespace_and_limits_applied(isolated) -> None:
     assert isolated.isolation.cgroup in ("v1", "v2")
 
 
-def test_setuid_binaries_gain_nothing() -> None:
-    # su/passwd are setuid root on the host; with no_new_privs they run as us, without caps.
-    r = sandbox.run(["sh", "-c", "ls -l /usr/bin/passwd; /usr/bin/passwd -S root 2>&1; echo rc=$?"])
-    assert "rc=0" not in r.stdout, r.stdout
+def test_setuid_binaries_gain_nothing(tmp_path: Path) -> None:
+    # A setuid-root `id` prints euid 0 for any user on the host (the control); in the sandbox
+    # (no_new_privs, and binds mounted nosuid) it runs with the run's own uid.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("making a setuid-root binary needs root (and setpriv, for the control)")
+    suid = tmp_path / "suid"
+    suid.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    shutil.copy("/usr/bin/id", suid / "id")
+    os.chmod(suid / "id", 0o4755)
+    control = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(suid / "id"), "-u"],
+                             capture_output=True, text=True)
+    if control.stdout.strip() != "0":
+        pytest.skip(f"setuid binaries do not work under {tmp_path} on this host: {control}")
+    r = sandbox.run(["/suid/id", "-u"], ro_bind=f"{suid}:/suid")
+    assert r.status == "ok" and r.stdout.strip() not in ("", "0"), r
+    assert r.stdout.strip() == str(r.isolation.uid), r
 
 
 def test_result_reports_isolation_applied(isolated) -> None:

@@ -80,6 +80,22 @@ def test_cpu_limit(contained) -> None:
     assert r.status == "cpu_limit", r
 
 
+def test_cpu_quota_caps_the_whole_run(contained) -> None:
+    # Two processes spin for 1 s of wall time: ~2 s of CPU on two free CPUs, one at most
+    # on one; the run's quota (half a CPU) lets them have ~0.5 s together.
+    r = sandbox.run(py("import os, time\nchild = os.fork()\nend = time.time() + 1.0\nwhile time.time() < end: pass\n"
+                       "if child: os.waitpid(child, 0)"), cpus=0.5, timeout=20)
+    cpu = r.usage.cpu_user_s + r.usage.cpu_sys_s
+    assert r.status == "ok" and 0.2 < cpu < 0.75, (cpu, r)
+
+
+def test_thread_bomb_is_contained(contained) -> None:
+    r = sandbox.run(py("import threading, time\nn = 0\ntry:\n    while True:\n"
+                       "        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\n        n += 1\n"
+                       "except RuntimeError:\n    print(n)"), processes=16, timeout=20)
+    assert r.status == "ok" and 0 < int(r.stdout) < 16 and r.usage.pids_limit_hit, r
+
+
 def test_a_command_cannot_pass_its_own_signal_off_as_a_limit(isolated) -> None:
     for sig in ("XCPU", "KILL"):
         r = sandbox.run(["sh", "-c", f"kill -{sig} $$"])
