@@ -8,7 +8,8 @@ so a slow or noisy machine moves both sides. Latency cases are sampled round-rob
 (each round runs every case once, in a rotating order) after a warm-up, and the
 medians are compared. Throughput runs each mode over the same programs, in rotating
 order, each from a quiet host (the kernel's teardown of one mode's namespaces must not be
-charged to the next), and compares the median rates.
+charged to the next), in rounds: its goals judge the median of the rounds' own ratios
+(the ratio of the median rates is printed beside it).
 
 Cases (every Python program runs the same interpreter, /usr/bin/python3 by default,
 so that a slow `python3` shim on PATH cannot skew one side):
