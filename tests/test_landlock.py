@@ -209,9 +209,10 @@ def test_missing_paths_are_skipped(dirs: dict[str, Path]) -> None:
 
     def body() -> dict[str, object]:
         used = landlock.restrict(read_only=[*SYSTEM_RO, *missing], read_write=[rw, *missing])
-        return {"abi": used, "write_rw": attempt(lambda: write(f"{rw}/x"))}
+        return {"abi": used, "write_rw": attempt(lambda: write(f"{rw}/x")),
+                "write_rw2": attempt(lambda: write(f"{dirs['rw2']}/x"))}  # and the rules still hold
 
-    assert in_child(body) == {"abi": ABI, "write_rw": 0}
+    assert in_child(body) == {"abi": ABI, "write_rw": 0, "write_rw2": errno.EACCES}
 
 
 def test_symlinked_rule_path_applies_to_target(dirs: dict[str, Path]) -> None:
@@ -221,9 +222,11 @@ def test_symlinked_rule_path_applies_to_target(dirs: dict[str, Path]) -> None:
 
     def body() -> dict[str, object]:
         landlock.restrict(read_only=SYSTEM_RO, read_write=[str(link)])
-        return {"write_target": attempt(lambda: write(f"{rw}/via-link"))}
+        return {"write_target": attempt(lambda: write(f"{rw}/via-link")),
+                "write_links_dir": attempt(lambda: write(f"{dirs['rw2']}/beside-the-link"))}
 
-    assert in_child(body) == {"write_target": 0}
+    # The rule is the link's target's: not the directory that holds the link.
+    assert in_child(body) == {"write_target": 0, "write_links_dir": errno.EACCES}
 
 
 @pytest.mark.skipif(ABI < 2, reason="REFER needs landlock ABI 2")
@@ -273,3 +276,34 @@ def test_import_is_cheap_and_defers_ctypes() -> None:
     new = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert "sandbox.isolation.landlock" in new
     assert not new & {"ctypes", "_ctypes", "typing", "re", "enum", "pathlib", "socket", "subprocess"}, new
+
+
+@pytest.mark.skipif(ABI < 6, reason="scopes need landlock ABI 6")
+def test_scope_keeps_signals_and_abstract_sockets_to_the_domain() -> None:
+    """landlock.scope(): the command's own domain may not signal, nor reach abstract unix
+    sockets of, processes outside it (without a pid namespace: every process of its uid)."""
+    import socket
+
+    name = f"\0sandboxrun-test-{os.getpid()}"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(name)
+    srv.listen(1)
+    parent = os.getpid()
+
+    def probe() -> dict[str, object]:
+        def connect() -> None:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect(name)
+
+        return {"signal": attempt(lambda: os.kill(parent, 0)), "abstract": attempt(connect)}
+
+    try:
+        assert in_child(probe) == {"signal": 0, "abstract": 0}  # the control
+
+        def body() -> dict[str, object]:
+            assert landlock.scope(ABI)
+            return probe()
+
+        assert in_child(body) == {"signal": errno.EPERM, "abstract": errno.EPERM}
+    finally:
+        srv.close()
