@@ -134,7 +134,7 @@ def _records(program: bytes) -> list[tuple[str, list[bytes]]]:
     return out
 
 
-def test_stage_program_keeps_the_python_childs_step_order() -> None:
+def test_stage_program_keeps_the_python_childs_step_order(monkeypatch: pytest.MonkeyPatch) -> None:
     from sandbox.child import __doc__ as child_doc
     from sandbox.profile import load
     from sandbox.supervisor import Request, make_plan
@@ -148,6 +148,13 @@ def test_stage_program_keeps_the_python_childs_step_order() -> None:
     assert [s for s in steps if s in documented] == [s for s in documented if s in steps]
     assert steps.index("no_new_privs") < steps.index("landlock_enforce") < steps.index("seccomp") < steps.index("exec")
     assert steps.index("identity") < steps.index("capabilities")
+    # And the order the Python child really takes (its trace), not only its docstring's. The
+    # cgroup wait is the one step that differs: the stage joins v1 cgroups itself, first.
+    monkeypatch.setenv("SANDBOXRUN_NATIVE", "0")
+    r = sandbox.run(["/bin/true"], trace=True)
+    assert r.status == "ok" and r.trace, r
+    taken = [s for s in r.trace if s != "cgroup"]
+    assert [s for s in steps if s in taken] == [s for s in taken if s in steps], (steps, list(r.trace))
 
 
 def test_stage_is_born_pid_1_as_our_child_and_our_thread_keeps_its_namespace() -> None:
@@ -264,7 +271,9 @@ def test_a_new_build_keeps_a_few_builds_of_other_versions(tmp_path) -> None:
 
 def test_cpu_usage_counts_processes_killed_at_the_end(child: str) -> None:
     # A background spinner outlives the command and is killed with the sandbox: its CPU time
-    # is the run's too (the kernel would reap it without adding it to PID 1's children).
+    # is the run's too. The stage, PID 1, kills and reaps it before it reports (the kernel
+    # would reap it without adding it to PID 1's children); the Python child leaves it to
+    # the kernel, and its run's CPU time comes from the cgroup's cpuacct.
     r = sandbox.run(["sh", "-c", "python3 -c 'while 1: pass' & sleep 0.6"])
     assert r.status == "ok", r
     assert r.usage.cpu_user_s + r.usage.cpu_sys_s >= 0.3, r.usage
@@ -338,10 +347,20 @@ def test_a_batch_without_a_parent_namespace_uses_namespaces_made_ahead(monkeypat
     from sandbox.isolation import network
 
     monkeypatch.setattr(network, "parent_namespace", lambda: -1)
+    taken: list[int] = []
+    real_take = network.ReadyNamespaces.take
+
+    def take(self):  # noqa: ANN001, ANN202
+        fd = real_take(self)
+        taken.append(fd)
+        return fd
+
+    monkeypatch.setattr(network.ReadyNamespaces, "take", take)
     cmd = ["readlink", "/proc/self/ns/net"]
     rs = list(sandbox.run_many([{"command": cmd}] * 4, concurrency=2))
     seen = [r.stdout.strip() for r in rs]
     assert all(r.status == "ok" for r in rs) and len(set(seen)) == 4, rs
+    assert len(taken) == 4 and all(fd >= 0 for fd in taken), taken  # made ahead, not by the stage
     with open("/proc/self/ns/net"):
         assert os.readlink("/proc/self/ns/net") not in seen
 
@@ -433,9 +452,18 @@ def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts
     cls = launch.NativeForker if child == "native" else forker_mod.ServerForker
     real = cls.spawn
 
+    import threading
+
+    timers: list[threading.Timer] = []
+
     def with_dead_reader(self, plan, fds):  # noqa: ANN001, ANN202
         r, w = os.pipe2(os.O_CLOEXEC)
         os.close(r)  # the supervisor that would read it: gone
+        # The real report pipe stays open a while here, so that the supervisor does not see
+        # its end and kill the sandbox itself: only the child's own check can stop the run.
+        held = os.dup(fds.report)
+        timers.append(threading.Timer(2.0, os.close, args=(held,)))
+        timers[-1].start()
         try:
             return real(self, plan, records.replace(fds, report=w))
         finally:
@@ -445,8 +473,12 @@ def test_a_run_whose_supervisor_died_before_the_parent_death_signal_never_starts
     from sandbox.profile import load
 
     no_landlock = records.replace(load("strict"), landlock="off")
-    r = sandbox.run(["sh", "-c", "echo ran"], profile=no_landlock)
-    assert "ran" not in r.stdout and r.status != "ok", r
+    try:
+        r = sandbox.run(["sh", "-c", "echo ran"], profile=no_landlock)
+    finally:
+        for t in timers:
+            t.join()
+    assert r.stdout == "" and r.status != "ok", r
 
 
 @pytest.mark.parametrize("console", [False, True])
