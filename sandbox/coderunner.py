@@ -24,7 +24,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import sys
 import tempfile
@@ -240,18 +239,28 @@ def run_python(
         reason = scan(data.decode(errors="replace") + ("\n" + statement if statement else ""), prof)
         if reason:
             return _blocked(_shown(argv), prof, reason, started)
-    tmp = tempfile.mkdtemp(prefix="sandboxrun-py-")
+    from .hostpaths import remove_tree
+    from .workdir import tmpdir
+
+    # Under a $TMPDIR where no one else could swap the new directory for a link (else /tmp),
+    # and changed only through its fd: what root chmods and writes is that directory.
+    tmp = tempfile.mkdtemp(prefix="sandboxrun-py-", dir=tmpdir())
     try:
-        os.chmod(tmp, 0o755)
+        dfd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(dfd, 0o755)
+            fd = os.open("script.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444,
+                         dir_fd=dfd)
+        finally:
+            os.close(dfd)
         copy = os.path.join(tmp, "script.py")
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         binds = kw.pop("ro_bind", None) or []
         binds = [binds] if isinstance(binds, str) else list(binds)
         res = run(argv, profile=prof, ro_bind=[*binds, f"{copy}:{target}"], **kw)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
     out = PythonResult(**{k: getattr(res, k) for k in Result.__record_names__})
     if function is not None or statement is not None:
         _take_return(out, token)

@@ -253,54 +253,110 @@ def remove_tree(path: str) -> None:
     """Remove `path` and all in it by directory fds: never through a symbolic link, never
     outside `path`, even while what is in it changes (in a shared /tmp, anyone may try to
     swap a directory for a link mid-way); directories made unreadable are chmod-ed through
-    the fd of what was opened, never by path."""
+    the fd of what was opened, never by path. Without recursion, and with at most
+    MAX_OPEN_DEPTH directories open: a run can leave a chain of any depth (`mkdir a; cd a`
+    in a loop), and a deeper part is moved up to `path` itself to be removed from there."""
     parent, name = os.path.split(os.path.normpath(path))
     try:
         pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return
     try:
-        _remove_in(pfd, name)
-    except (OSError, RecursionError):
-        pass  # as much as could be removed: a tree deeper than the fd or recursion limits stays
+        top = _open_entry(pfd, name)
+        if top is not None:
+            try:
+                _empty(top)
+            finally:
+                os.close(top)
+            os.rmdir(name, dir_fd=pfd)
+    except OSError:
+        pass  # as much as could be removed (a mount point, a read-only filesystem)
     finally:
         os.close(pfd)
 
 
-def _remove_in(dfd: int, name: str) -> None:
-    """Remove the entry `name` of the directory `dfd`, whatever it is."""
+MAX_OPEN_DEPTH = 64
+
+
+def _open_entry(dfd: int, name: str) -> int | None:
+    """Unlink the entry `name` of `dfd` if it is not a directory (None), else open it (an
+    unreadable one is made readable through the fd of what was opened) and return its fd."""
     try:
         os.unlink(name, dir_fd=dfd)  # a file, link, socket...: unlink never follows a link
-        return
+        return None
     except FileNotFoundError:
-        return
+        return None
     except OSError as e:
         if e.errno not in (errno.EISDIR, errno.EPERM):
             raise
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
     except PermissionError:  # made unreadable (chmod 0): open it without reading, fix it, reopen
         pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         try:
             os.chmod(f"/proc/self/fd/{pfd}", 0o700)  # that very directory, through its fd
         finally:
             os.close(pfd)
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+
+
+def _listing(fd: int) -> list[str]:
     try:
-        try:
-            names = os.listdir(fd)
-        except PermissionError:
-            os.chmod(f"/proc/self/fd/{fd}", 0o700)
-            names = os.listdir(fd)
-        for entry in names:
+        return os.listdir(fd)
+    except PermissionError:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
+        return os.listdir(fd)
+
+
+def _empty(top: int) -> None:
+    """Remove everything in the directory `top`, depth first, by an explicit stack of
+    [fd, names left, name in its parent]; below MAX_OPEN_DEPTH a directory is renamed into
+    `top` (inside the tree still) and taken up from there."""
+    stack: list[tuple[int, list[str], str]] = [(top, _listing(top), "")]
+    moved = 0
+    try:
+        while stack:
+            fd, names, name = stack[-1]
+            if not names:
+                stack.pop()
+                if stack:  # it is empty now: remove it from its parent
+                    os.close(fd)
+                    try:
+                        os.rmdir(name, dir_fd=stack[-1][0])
+                    except FileNotFoundError:
+                        pass
+                continue
+            entry = names.pop()
             try:
-                _remove_in(fd, entry)
-            except PermissionError:  # its directory is read-only to us: open it up, once
+                sub = _open_entry(fd, entry)
+            except PermissionError:  # its directory is read-only to us: open it up
                 os.chmod(f"/proc/self/fd/{fd}", 0o700)
-                _remove_in(fd, entry)
+                sub = _open_entry(fd, entry)
+            if sub is None:
+                continue
+            if len(stack) < MAX_OPEN_DEPTH:
+                try:
+                    stack.append((sub, _listing(sub), entry))
+                except BaseException:
+                    os.close(sub)
+                    raise
+                continue
+            os.close(sub)
+            while True:  # too deep to hold open: up into `top`, under a name of its own
+                moved += 1
+                up = f".sandboxrun-rm-{moved}-{os.urandom(4).hex()}"
+                try:
+                    os.rename(entry, up, src_dir_fd=fd, dst_dir_fd=top)
+                    break
+                except OSError as e:  # (a name the run made first)
+                    if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise
+            stack[0][1].append(up)
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dfd)
+        for frame in stack[1:]:
+            os.close(frame[0])
 
 
 def only_ours_to_rename(path: str) -> bool:

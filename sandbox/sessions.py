@@ -33,7 +33,6 @@ import os
 import re
 import secrets
 import shlex
-import shutil
 import signal
 import socket
 import stat
@@ -220,15 +219,11 @@ def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
 
 
 def _rmtree(path: str) -> None:
-    def onerror(_f: object, p: str, _e: object) -> None:
-        try:  # a directory the sandbox made unreadable
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-        except OSError:
-            pass
+    """A session folder, its run's workdir in it (TMPDIR): by directory fds, never through a
+    link the run planted, whatever its depth (hostpaths.remove_tree)."""
+    from .hostpaths import remove_tree
 
-    shutil.rmtree(path, onerror=onerror)
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
 
 
 # ---------------------------------------------------------------------------- capped logs
@@ -884,7 +879,10 @@ def sweep_expired(root: str | None = None) -> int:
         if st == "lost":
             lost = True
         if st in ("exited", "lost") and now - s.ended_at() > ttl:
-            _rmtree(s.dir)
+            try:
+                _rmtree(s.dir)
+            except OSError:
+                continue  # one that cannot go now must not stop every later start and list
             n += 1
     if lost:
         _sweep_cgroups()

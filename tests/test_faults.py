@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -1176,6 +1177,58 @@ def test_a_dead_supervisors_uid_run_is_swept_by_the_next(private_tmp: Path) -> N
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+def _deep_tree(top: Path, depth: int) -> Path:
+    """A chain of `depth` directories under `top` (made through fds: no path is that long),
+    a file at the bottom and an unreadable directory on the way; returns `top`."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(depth):
+        os.mkdir("a", dir_fd=fd)
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        if i == depth // 2:
+            os.chmod(nxt, 0)
+        os.close(fd)
+        fd = nxt
+    os.close(os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    os.close(fd)
+    return top
+
+
+def test_a_tree_deeper_than_any_recursion_limit_is_removed_all_the_same(tmp_path: Path) -> None:
+    """A run can leave a chain of thousands of directories (`mkdir a; cd a` in a loop): the
+    recursive removal gave up at Python's recursion limit and left the whole tree, which the
+    next run with that uid could read, and a session's folder that every later `start` and
+    `list` then failed to sweep (RecursionError)."""
+    from sandbox import hostpaths, sessions
+
+    fds = len(os.listdir("/proc/self/fd"))
+    for i, remove in enumerate((hostpaths.remove_tree, sessions._rmtree)):
+        tree = _deep_tree(tmp_path / f"deep{i}", 3000)
+        remove(str(tree))
+        assert not tree.exists()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_an_unremovable_session_folder_does_not_stop_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import sessions
+
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(tmp_path))
+    for sid in ("0000000a", "0000000b"):
+        (tmp_path / sid).mkdir(mode=0o700)
+        (tmp_path / sid / "meta.json").write_text(json.dumps({"state": "exited", "ended_at": 1.0}))
+        (tmp_path / sid / "result.json").write_text("{}")
+    real = sessions._rmtree
+
+    def failing(path: str) -> None:
+        if path.endswith("0000000a"):
+            raise OSError(errno.EBUSY, "busy")
+        real(path)
+
+    monkeypatch.setattr(sessions, "_rmtree", failing)
+    assert sessions.sweep_expired(str(tmp_path)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000a"]
 
 
 def test_removing_a_tree_never_reaches_outside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
