@@ -310,6 +310,7 @@ def test_cli_non_utf8_argv_and_output(isolated) -> None:
 def test_debug_flag_may_show_a_traceback() -> None:
     r = cli("--debug", "--profile", "nonesuch", "--", "true")
     assert r.returncode != 0 and b"unknown profile" in r.stderr
+    assert b"Traceback" in r.stderr and b"ProfileError" in r.stderr, r.stderr  # only with --debug
 
 
 # ----------------------------------------------------------------------------- profile files

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,19 +140,25 @@ def test_bad_arguments_fail_at_the_call() -> None:
             run_many(bad)  # type: ignore[arg-type]
 
 
-def test_input_is_streamed_and_closing_stops_the_batch(isolated) -> None:
+def test_input_is_streamed_and_closing_stops_the_batch(isolated, tmp_path: Path) -> None:
     pulled = itertools.count()
+    cmd = "sleep 0.3; echo x >> ran"  # each run leaves a line: what ran is counted after the close
 
     def endless():
         for _ in itertools.count():
             next(pulled)
-            yield {"command": ["true"]}
+            yield {"command": cmd, "shell": True, "cwd": str(tmp_path)}
 
     it = run_many(endless(), concurrency=2)
     first = list(itertools.islice(it, 3))
     it.close()  # cancels what has not started, waits for what has
-    assert [r.id for r in first] == [1, 2, 3] and all(r.status == "ok" for r in first)
-    assert next(pulled) <= 3 + 2 * 4  # bounded window, never the whole input
+    assert [r.id for r in first] == [1, 2, 3] and all(r.status == "ok" for r in first), first
+    submitted = next(pulled)
+    assert submitted <= 3 + 2 * 4  # bounded window, never the whole input
+    time.sleep(0.5)  # nothing runs on after the close
+    ran = (tmp_path / "ran").read_text().count("x")
+    # the 3 taken, one more finished meanwhile, 2 running at the close: not the queued ones
+    assert ran <= 3 + 1 + 2 < submitted, (ran, submitted)
 
 
 _STRESS = """

@@ -78,3 +78,5 @@ def test_good_configuration_is_kept(tmp_path: Path) -> None:
     tool = SandboxTool(profile="standard", workspace=str(tmp_path), run_options={"memory": "256MiB", "env": {"A": "1"}})
     assert (tool.profile, tool.workspace) == ("standard", str(tmp_path))
     assert tool.invoke({"command": "echo $A"}) == "exit code: 0\nstatus: ok\nstdout:\n1"
+    msg = tool.invoke({"name": tool.name, "args": {"command": "true"}, "id": "call-2", "type": "tool_call"})
+    assert msg.artifact["isolation"]["limits"]["memory_bytes"] == 256 * 2**20, msg.artifact  # the run_options too

@@ -93,6 +93,9 @@ HEAVY = (
          lambda r: r.status == "setup_error" and (r.error_step or "").startswith("filesystem")),
     Kind("exec_failure", lambda m: ([f"/nonexistent-{m}"], {}), lambda r: r.exit_code == 127),
     Kind("blocked", lambda m: (f"rm -rf / {m}", {}), lambda r: r.status == "blocked"),
+    # a fresh workdir on the host (no mount namespace): what the temp-dir counter watches
+    Kind("host_workdir", lambda m: (["sh", "-c", 'echo "$0" > f; mkdir -p d/e; cat f', m], {"profile": "nested"}),
+         lambda r: r.status == "ok" and r.stdout.strip() != ""),
 )
 
 
@@ -149,6 +152,7 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     base = tmp_path / "tmp"
     base.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(base))
+    monkeypatch.setenv("TMPDIR", str(base))  # where fresh host workdirs go (workdir.tmpdir)
     yield base
 
 
