@@ -747,3 +747,52 @@ def test_module_import_is_light() -> None:
         children.add(lines[i].strip())
         i -= 1
     assert not children & {"pyseccomp", "ctypes", "hashlib", "_hashlib", "typing", "tempfile"}, children
+
+
+_EVERY_ROW_PROBE = """
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+for name, nr in json.loads(sys.argv[1]):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(0)] * 6)
+    out[name] = "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+print(json.dumps(out))
+"""
+
+
+def test_every_unconditional_row_is_in_the_program() -> None:
+    """Each row of the table that denies a syscall outright, called with zero arguments by an
+    unprivileged process under a program compiled to answer ENOTRECOVERABLE (which no kernel
+    path gives) for every row: a row lost on its way into the program (a name the installed
+    libseccomp resolves to nothing, a rule dropped) answers something else. The kernel's own
+    answer (EPERM to an unprivileged caller) cannot pass for the filter's here."""
+    import pyseccomp as sc
+
+    rows = []
+    for name, _err, conds, _why in seccomp._POLICY_RULES["default"]:
+        if conds:
+            continue  # argument rules: DENY_CASES, with the arguments they are about
+        nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
+        if nr < 0 and MACHINE in ("x86_64", "aarch64"):
+            nr = seccomp._UNIFIED_NR.get(name, -1)
+        if nr >= 0:
+            rows.append((name, nr))
+    assert len(rows) >= 60, rows
+    prog = seccomp.compile_policy("default", rule_errno=errno.ENOTRECOVERABLE)
+
+    def child() -> None:  # an unprivileged process: what a row's deletion would let through is harmless
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+        prctl.set_no_new_privs(1)
+        seccomp.load_bpf(prog)
+
+    if os.geteuid() != 0:
+        pytest.skip("drops to nobody: needs root")
+    p = subprocess.run([sys.executable, "-S", "-c", _EVERY_ROW_PROBE, json.dumps(rows)], preexec_fn=child,
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    wrong = {name: answer for name, answer in got.items() if answer != "ENOTRECOVERABLE"}
+    assert not wrong, wrong
