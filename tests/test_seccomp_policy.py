@@ -609,6 +609,13 @@ def test_cache_key_tracks_version(monkeypatch: pytest.MonkeyPatch) -> None:
     k1 = seccomp.cache_key()
     monkeypatch.setattr(seccomp, "POLICY_VERSION", seccomp.POLICY_VERSION + 1)
     assert seccomp.cache_key() != k1
+    monkeypatch.undo()
+    # and the compiler's own code (the prologue): a change there needs no hand-made bump
+    assert seccomp.cache_key() == k1
+    real = seccomp._compiler_source()
+    assert len(real) == 64
+    monkeypatch.setattr(seccomp, "_compiler_source", lambda: real[::-1])
+    assert seccomp.cache_key() != k1
 
 
 def _tamper(d: Path, data: bytes, mode: int) -> Path:

@@ -525,6 +525,17 @@ def _sha256_hex(data: bytes) -> str:
     return sha256(data).hexdigest()
 
 
+def _compiler_source() -> str:
+    """This module's own text: the compiler (the prologue, which rules go in it) is part of
+    what a cached program was built by, and a change to it must not find an old program
+    (POLICY_VERSION, bumped by hand, was the only guard)."""
+    try:
+        with open(__file__, "rb") as f:
+            return _sha256_hex(f.read())
+    except OSError:  # (installed without sources)
+        return ""
+
+
 def cache_key(name: str = "default") -> str:
     material = "\0".join(
         [
@@ -533,6 +544,7 @@ def cache_key(name: str = "default") -> str:
             os.uname().machine,
             "\n".join(describe_policy(name)),
             repr(sorted(_UNIFIED_NR.items())),
+            _compiler_source(),
         ]
     )
     return _sha256_hex(material.encode())
