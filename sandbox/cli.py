@@ -176,15 +176,44 @@ def explain(result: Any) -> str | None:
     return None
 
 
-def _write_through(stream: Any) -> Callable[[bytes], None]:
-    def write(data: bytes) -> None:
-        try:
-            stream.write(data)
-            stream.flush()
-        except (BrokenPipeError, OSError):
-            pass
+class _WriteThrough:
+    """The command's output passed on to our fd as it comes, never blocking the supervisor's
+    loop, which also keeps the deadline: a reader that stops reading must not hold the run
+    past its timeout. What the reader has room for now is written (PIPE_BUF at a time: a
+    pipe that polls writable takes that much without blocking); the rest waits (at most the
+    output cap, which the run holds anyway) and is written once the run has ended. A
+    reader gone or a full disk: the output is dropped, the exit code stays the command's."""
 
-    return write
+    def __init__(self, fd: int) -> None:
+        import select
+
+        self.fd = fd
+        self.pending = bytearray()
+        self.dead = False
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLOUT)
+
+    def write(self, data: bytes) -> None:
+        if not self.dead:
+            self.pending += data
+            self._drain(block=False)
+
+    def finish(self) -> None:
+        self._drain(block=True)
+
+    def _drain(self, *, block: bool) -> None:
+        while self.pending and not self.dead:
+            if not block and not self._poll.poll(0):
+                return
+            try:
+                n = os.write(self.fd, self.pending[:1 << 16] if block else self.pending[:4096])
+            except BlockingIOError:
+                return
+            except OSError:  # EPIPE, ENOSPC, EBADF...
+                self.dead = True
+                self.pending.clear()
+                return
+            del self.pending[:n]
 
 
 class _QuietStdout(io.FileIO):
@@ -195,7 +224,7 @@ class _QuietStdout(io.FileIO):
     def write(self, data: Any) -> int:
         try:
             return super().write(data)
-        except BrokenPipeError:
+        except OSError:  # EPIPE; ENOSPC (/dev/full, a full disk): lost, as to a reader gone
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self.fileno())  # later writes, and the flush at exit, go nowhere quietly
             os.close(devnull)
@@ -272,13 +301,17 @@ def cmd_run(argv: list[str]) -> int:
     elif _passes_stdin():
         kw["stdin_from"] = 0  # copied in: `echo x | sandboxrun -- cat` as with any wrapper command
     if not ns.json:
-        kw["on_stdout"] = _write_through(sys.stdout.buffer)
-        kw["on_stderr"] = _write_through(sys.stderr.buffer)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        through = (_WriteThrough(1), _WriteThrough(2))
+        kw["on_stdout"], kw["on_stderr"] = through[0].write, through[1].write
     shell_cmd: Any = " ".join(cmd) if ns.shell and len(cmd) > 1 else (cmd[0] if ns.shell else cmd)
     res = supervisor.run(shell_cmd, shell=ns.shell, **kw)
     if ns.json:
         print(res.to_json(indent=2))
     else:
+        for t in through:  # what a slow reader had no room for yet, now that the run is over
+            t.finish()
         line = explain(res)
         if line:
             sys.stderr.write(line + "\n")
@@ -379,8 +412,28 @@ def _dispatch(name: str) -> Callable[[list[str]], int]:
     raise AssertionError(name)
 
 
+def _std_fds() -> None:
+    """fds 0-2 the caller closed (`>&-`) become /dev/null: a pipe or file opened later must
+    not take their numbers, and output to them is lost, not the run (Python gives a None
+    sys.stdout for a closed fd 1, and writing to it failed after the command had run)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - fd 1 itself, for the process's life
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        _std_fds()
     debug = "--debug" in args
     if args[:1] not in (["batch"], ["mcp"]):  # batch stops when its reader goes; mcp's stdout is its protocol
         _quiet_stdout()
@@ -438,7 +491,7 @@ def entry() -> None:
     code = main()
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError:  # EPIPE, ENOSPC: the output is lost, the exit code stays
         pass
     if "atexit" not in sys.modules and "threading" not in sys.modules:
         # Nothing registered to run at exit and no thread to join (the plain run's path

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -279,3 +280,57 @@ def test_plain_run_options_read_as_argparse_reads_them(options: list[str], comma
         assert cmd == plain.command
         for name in [*(option_attribute(o[0]) for o in RUN_OPTIONS), "yield_ms"]:
             assert getattr(ns, name) == getattr(plain, name), (argv, name)
+
+
+def test_a_reader_that_stops_reading_does_not_hold_the_run_past_its_timeout() -> None:
+    # The streaming CLI wrote the command's output to its stdout with blocking writes in the
+    # loop that keeps the deadline: a reader that read nothing kept the sandbox running.
+    import time
+
+    from conftest import end_marked, marker
+
+    from sandbox import leaks
+
+    mark = marker()
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--timeout", "1", "--", "bash", "-c",
+                          f"head -c 500000 /dev/zero; exec -a {mark} sleep 100"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 10 and not [q for q in leaks.marked(mark) if q.pid != p.pid]:
+            time.sleep(0.05)
+        assert [q for q in leaks.marked(mark) if q.pid != p.pid], "the command never got past its output"
+        deadline = time.monotonic() + 6  # the timeout (1 s) and its grace (1 s), and then some
+        while [q for q in leaks.marked(mark) if q.pid != p.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [q for q in leaks.marked(mark) if q.pid != p.pid] == [], "still running with its reader stalled"
+        out, err = p.communicate(timeout=20)  # now read: everything the command wrote is there
+        assert p.returncode == 124 and len(out) == 500000, (p.returncode, len(out), err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        end_marked(mark)
+
+
+@pytest.mark.parametrize("where", ["closed", "full"])
+@pytest.mark.parametrize("mode", [(), ("--json",)], ids=["streaming", "json"])
+def test_an_unwritable_stdout_keeps_the_commands_exit_code(where: str, mode: tuple[str, ...]) -> None:
+    # A closed fd 1 (`>&-`) or a full device: the output is lost, as to a reader that went
+    # away; the command still runs and its exit code is the CLI's, never a traceback.
+    out: Any = open("/dev/full", "wb") if where == "full" else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        p = subprocess.run([sys.executable, "-m", "sandbox", *mode, "--", "sh", "-c", "echo hi; exit 4"],
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=out, stderr=subprocess.PIPE,
+                           preexec_fn=(lambda: os.close(1)) if where == "closed" else None, timeout=60)
+    finally:
+        if where == "full":
+            out.close()
+    assert p.returncode == 4 and b"Traceback" not in p.stderr and b"internal error" not in p.stderr, p.stderr
+
+
+def test_a_closed_stderr_keeps_the_commands_exit_code() -> None:
+    p = subprocess.run([sys.executable, "-m", "sandbox", "--", "sh", "-c", "echo hi >&2; exit 4"],
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       preexec_fn=lambda: os.close(2), timeout=60)
+    assert p.returncode == 4 and p.stdout == b"", p
