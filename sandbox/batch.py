@@ -178,18 +178,32 @@ def _stream(items: Iterator[tuple[int, Any]], workers: int, ordered: bool, prof:
         slots.close()
 
 
+def _pull(items: Iterator[tuple[int, Any]], failed: list[BaseException]) -> tuple[int, Any] | None:
+    """The next request, or None at the end; an error of the caller's iterator (or of the
+    JSONL reader) ends the input there: it is raised once the runs already started have
+    given their results, not instead of them."""
+    try:
+        return next(items, None)
+    except Exception as e:  # noqa: BLE001 - raised again, after the results
+        failed.append(e)
+        return None
+
+
 def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
              prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
     pending: collections.deque[Future[BatchItem]] = collections.deque()
+    failed: list[BaseException] = []
     more = True
     while True:
         while more and len(pending) < window:
-            nxt = next(items, None)
+            nxt = _pull(items, failed)
             if nxt is None:
                 more = False
             else:
                 pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
         if not pending:
+            if failed:
+                raise failed[0]
             return
         yield pending.popleft().result()
 
@@ -197,15 +211,18 @@ def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window:
 def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
                prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
     running: set[Future[BatchItem]] = set()
+    failed: list[BaseException] = []
     more = True
     while True:
         while more and len(running) < window:
-            nxt = next(items, None)
+            nxt = _pull(items, failed)
             if nxt is None:
                 more = False
             else:
                 running.add(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
         if not running:
+            if failed:
+                raise failed[0]
             return
         done, running = wait(running, return_when=FIRST_COMPLETED)
         running = set(running)

@@ -772,6 +772,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     open_streams = {"out", "err", "report"} if watch_report else {"out", "err"}
     deadline = started + lim.timeout if lim.timeout else None
     timed_out = False
+    term_again = False  # the SIGTERM may have come before the child held its signals
     kill_at: float | None = None
     exited_at: float | None = None
     try:
@@ -780,8 +781,18 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
             if exited_at is None:
                 if deadline is not None and not timed_out and now >= deadline:
                     timed_out = True
+                    if not watch_report:
+                        _drain_report(rep_r, report)  # has the command started?
                     _send(launched, signals.SIGTERM)  # init forwards it to every process
                     kill_at = now + lim.kill_grace
+                    if not report.started:
+                        # A PID 1 drops a signal it neither handles nor holds yet: sent again
+                        # once the command is spawned (the child holds every signal by then).
+                        term_again = True
+                        if not watch_report:
+                            watch_report = True
+                            sel.register(rep_r, "report")
+                            open_streams.add("report")
                 if kill_at is not None and now >= kill_at:
                     report.killed = True
                     kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
@@ -815,6 +826,9 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                         report.feed(data)
                         if report.started and not started_before and req.on_started is not None:
                             req.on_started(launched.pid)
+                        if report.started and term_again:
+                            term_again = False
+                            _send(launched, signals.SIGTERM)
                     else:
                         sel.unregister(rep_r)
                         open_streams.discard("report")
@@ -915,6 +929,8 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
     if res.timed_out:
         res.status = "timeout"
         res.error = f"wall timeout of {lim.timeout:g}s"
+        if report.status is not None and os.WIFEXITED(report.status):
+            res.exit_code = os.WEXITSTATUS(report.status)  # it ended itself on the SIGTERM
         if report.status is not None and os.WIFSIGNALED(report.status):
             res.signal = signals.name(os.WTERMSIG(report.status))
         elif report.killed:

@@ -470,3 +470,19 @@ def test_bench_ratio_near_its_target_shows_three_decimals() -> None:
     for ratio, shown in ((1.1958, "1.196"), (1.2041, "1.204"), (1.2, "1.20"), (1.1849, "1.18"), (0.5, "0.50")):
         g.ratio = ratio
         assert g.ratio_text() == shown
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_an_input_that_fails_midway_still_gives_the_results_of_what_ran(isolated, ordered: bool) -> None:
+    """A request iterator that raises after some requests: the runs it already started are
+    not thrown away; their results come first, then the iterator's error."""
+    def requests():
+        yield {"command": "echo 1"}
+        yield {"command": "echo 2"}
+        raise ValueError("the source broke")
+
+    got: list[Any] = []
+    with pytest.raises(ValueError, match="the source broke"):
+        for r in run_many(requests(), concurrency=2, ordered=ordered):
+            got.append(r)
+    assert sorted((r.id, r.stdout) for r in got) == [(1, "1\n"), (2, "2\n")], got
