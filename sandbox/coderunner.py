@@ -340,12 +340,17 @@ def main(argv: list[str]) -> int:
 
     supervisor.use_direct_forker()  # the CLI is single-threaded: fork from here
     plain = ns.function is None and ns.statement is None
+    through: tuple[Any, ...] = ()
     if plain and not ns.json:
-        from .cli import _write_through
+        from .cli import _WriteThrough
 
-        kw["on_stdout"] = _write_through(sys.stdout.buffer)
-        kw["on_stderr"] = _write_through(sys.stderr.buffer)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        through = (_WriteThrough(1), _WriteThrough(2))  # never blocking the loop that keeps the deadline
+        kw["on_stdout"], kw["on_stderr"] = through[0].write, through[1].write
     res = run_python(ns.script, args, function=ns.function, statement=ns.statement, **kw)
+    for t in through:
+        t.finish()
     if ns.json:
         print(res.to_json(indent=2))
         return exit_code_for(res)

@@ -10,6 +10,8 @@ import os
 import shutil
 import stat
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -531,3 +533,119 @@ def test_a_kernel_with_only_the_tcp_setting_still_gets_a_parent_namespace(monkey
     monkeypatch.setattr(network, "_parent", [])
     monkeypatch.setattr(network, "CHILD_HASH_TABLES", ("no_such_child_entries",))
     assert network.parent_namespace() == -1
+
+
+def test_without_close_range_the_stage_still_closes_every_inherited_fd(tmp_path: Path) -> None:
+    """A kernel before 5.9, or a container's seccomp profile that refuses close_range: the
+    stage's fallback closed fds 3..1023 only, and one above (the caller's, inherited through
+    posix_spawn) reached the command (CVE-2024-21626's class)."""
+    import pyseccomp as sc
+
+    from sandbox.isolation import seccomp
+
+    filt = sc.SyscallFilter(defaction=sc.ALLOW)
+    filt.add_rule(sc.ERRNO(38), "close_range")  # ENOSYS, as an old kernel
+    with open(tmp_path / "f.bpf", "w+b") as f:
+        filt.export_bpf(f)
+        f.seek(0)
+        bpf = f.read()
+    p = ops.Program()
+    p.op("z")
+    p.op("E", 0, b"/bin/ls\0/proc/self/fd", b"PATH=/bin", "/bin")
+    memfd = os.memfd_create("program")
+    os.write(memfd, p.bytes())
+    os.lseek(memfd, 0, 0)
+    rep_r, rep_w = os.pipe()
+    out_r, out_w = os.pipe()
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # never returns into pytest
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(memfd, 3)
+            os.dup2(rep_w, 4)
+            for fd in (900, 1500):
+                os.dup2(null, fd)
+            import prctl
+
+            prctl.set_no_new_privs(1)
+            seccomp.load_bpf(bpf)
+            # "sandboxrun-stage": no pid namespace of its own, so it ends its descendants only
+            # (as "sandboxrun-init" it would kill(-1) at the end; the stage refuses that mode
+            # unless it is PID 1, see the test below)
+            os.execv(native.stage_path() or "", ["sandboxrun-stage"])
+        finally:
+            os._exit(127)
+    for fd in (memfd, rep_w, out_w, null):
+        os.close(fd)
+    with os.fdopen(out_r, "rb") as f:
+        listed = f.read().split()
+    os.close(rep_r)
+    os.waitpid(pid, 0)
+    assert b"1" in listed and b"900" not in listed and b"1500" not in listed, listed
+
+
+_NOT_PID1 = """
+import os, sys
+stage, prog, rep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pid = os.fork()
+if pid == 0:  # PID 2 of this namespace
+    os.dup2(prog, 3)
+    os.dup2(rep, 4)
+    os.execv(stage, ["sandboxrun-init"])
+_, status = os.waitpid(pid, 0)
+print("survived", os.waitstatus_to_exitcode(status))  # we, PID 1 here, were not killed
+"""
+
+
+def test_the_init_mode_refuses_to_run_unless_it_is_pid_1() -> None:
+    """The init mode ends a run with kill(-1), meant for its own pid namespace: started by
+    mistake in a caller's namespace (as root, before any identity step) it would reach every
+    process there. It refuses. Run inside a pid namespace of the test's own, so that without
+    the check the kill(-1) could reach that namespace only."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1)")
+    p = ops.Program()
+    p.op("E", 0, b"/bin/true", b"PATH=/bin", "/bin")
+    memfd = os.memfd_create("program", 0)
+    os.write(memfd, p.bytes())
+    os.lseek(memfd, 0, 0)
+    rep_r, rep_w = os.pipe()
+    try:
+        cp = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--", sys.executable, "-S", "-c", _NOT_PID1,
+                             native.stage_path() or "", str(memfd), str(rep_w)],
+                            pass_fds=(memfd, rep_w), capture_output=True, text=True, timeout=30)
+        os.close(rep_w)
+        rep_w = -1
+        with os.fdopen(rep_r, "rb") as f:
+            rep_r = -1
+            report = f.read().decode()
+    finally:
+        for fd in (memfd, rep_w, rep_r):
+            if fd >= 0:
+                os.close(fd)
+    assert cp.stdout.startswith("survived 125"), (cp.stdout, cp.stderr, report)
+    assert "not PID 1" in report and "\nS " not in report, report
+
+
+@pytest.mark.parametrize("program", [
+    b"T\x01" + ops._LEN.pack(0xFFFFFFFF) + b"x\0",  # a length whose n + 1 wraps to 0
+    b"T\x01" + ops._LEN.pack(1) + b"xy",  # an argument without its NUL
+], ids=["wrapping-length", "no-nul"])
+def test_a_malformed_stage_program_is_refused(program: bytes) -> None:
+    memfd = os.memfd_create("program", 0)
+    os.write(memfd, program)
+    os.lseek(memfd, 0, 0)
+    rep_r, rep_w = os.pipe()
+    try:
+        cp = subprocess.run([native.stage_path() or ""], executable=native.stage_path() or "",
+                            preexec_fn=lambda: (os.dup2(memfd, 3), os.dup2(rep_w, 4)) and None, close_fds=False,
+                            capture_output=True, timeout=30)
+        os.close(rep_w)
+        rep_w = -1
+        report = os.read(rep_r, 4096).decode()
+    finally:
+        for fd in (memfd, rep_w, rep_r):
+            if fd >= 0:
+                os.close(fd)
+    assert cp.returncode != 0 and "truncated stage program" in report, (cp, report)

@@ -178,7 +178,8 @@ static int next_op(struct op *op) {
         if (program_len - program_pos < 4) fail(EINVAL, "truncated stage program");
         memcpy(&n, program + program_pos, 4);
         program_pos += 4;
-        if (program_len - program_pos < n + 1) fail(EINVAL, "truncated stage program");
+        /* (n + 1 would wrap for n = 2^32 - 1) */
+        if (n >= program_len - program_pos || program[program_pos + n] != 0) fail(EINVAL, "truncated stage program");
         op->a[i].s = program + program_pos;  /* each argument is followed by a NUL */
         op->a[i].n = n;
         program_pos += n + 1;
@@ -666,34 +667,64 @@ static void kill_tree(void) {
     }
 }
 
-static volatile sig_atomic_t gave_up;
-
-static void stop_waiting(int sig) { (void)sig; gave_up = 1; }
-
 /* PID 1, once the command has exited: kill and reap what is left of the run. The kernel
    would kill it too when we exit, but it reaps those processes without adding their CPU
    time to ours; reaped here, RUSAGE_CHILDREN (and the supervisor's wait4 on us) hold the
    whole run's. A process we may not signal (none should exist: every process has our uid
-   and no capabilities) would block waitpid, so it is bounded by an alarm. */
+   and no capabilities), or one stuck in the kernel, would block waitpid: the wait is
+   bounded (2 s), by sigtimedwait on SIGCHLD, which is held (no handler, no alarm: a
+   SIGALRM the command sent us earlier cannot cut it short, nor one lost between a check
+   and a blocking wait hold it for ever). */
 static void reap_the_rest(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = stop_waiting;  /* no SA_RESTART: waitpid returns EINTR */
-    sigaction(SIGALRM, &sa, NULL);
-    sigset_t alarm_only;  /* every signal is held while we wait (exec_command): not this one */
-    sigemptyset(&alarm_only);
-    sigaddset(&alarm_only, SIGALRM);
-    sigprocmask(SIG_UNBLOCK, &alarm_only, NULL);
     kill(-1, SIGKILL);
-    alarm(2);
-    while (!gave_up && (waitpid(-1, NULL, __WALL) > 0 || errno == EINTR)) {}
-    alarm(0);
+    struct timespec end, now;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += 2;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    for (;;) {
+        pid_t r;
+        while ((r = waitpid(-1, NULL, WNOHANG | __WALL)) > 0) {}
+        if (r < 0 && errno != EINTR) return;  /* ECHILD: none left */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long left = (long long)(end.tv_sec - now.tv_sec) * 1000000000LL + (end.tv_nsec - now.tv_nsec);
+        if (left <= 0) return;
+        struct timespec wait = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        sigtimedwait(&chld, NULL, &wait);  /* a child's exit, or the time left */
+    }
 }
 
 /* The parent-death signal covers a supervisor that dies from here on, not one that died
    between our spawn and this step: the signal would never come, and the run would go on
    with no one to end it at its timeout. Its report pipe tells: the supervisor holds the
    reading end for the whole run, and a pipe whose readers are all gone polls POLLERR. */
+/* Every fd above 2 but the report pipe, which exec closes (CVE-2024-21626): close_range, or
+   where there is none (before 5.9, or a container's seccomp profile refuses it) every fd
+   /proc lists, however high (a caller's fd above 1023 reached the command before). */
+static void close_inherited_fds(void) {
+    fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
+    if (syscall(SYS_CLOSE_RANGE, 3, REPORT_FD - 1, 0) == 0 && syscall(SYS_CLOSE_RANGE, REPORT_FD + 1, ~0U, 0) == 0)
+        return;
+    for (int pass = 0; pass < 1024; pass++) {
+        DIR *d = opendir("/proc/self/fd");
+        if (!d) CHECK(-1, "close the inherited fds (no close_range, and no /proc/self/fd)");
+        int fds[256], n = 0, more = 0, own = dirfd(d);
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+            int fd = atoi(e->d_name);
+            if (fd <= 2 || fd == REPORT_FD || fd == own) continue;
+            if (n < 256) fds[n++] = fd; else more = 1;
+        }
+        closedir(d);
+        for (int i = 0; i < n; i++) close(fds[i]);
+        if (!more) return;
+    }
+    errno = EMFILE;
+    CHECK(-1, "close the inherited fds");
+}
+
 static void supervised_or_exit(void) {
     struct pollfd p = {.fd = REPORT_FD, .events = POLLOUT};
     if (poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLNVAL))) _exit(125);
@@ -831,6 +862,7 @@ static void exec_command(struct op *op) {
         int sig = sigwaitinfo(&waited, NULL);
         if (sig < 0) {
             if (errno == EINTR) continue;
+            if (!own_pid_ns) kill_tree();  /* nothing may outlive us without a pid namespace */
             _exit(0);
         }
         if (sig == PARENT_GONE) {  /* nobody is left to report to: end the run, then ourselves */
@@ -849,7 +881,10 @@ static void exec_command(struct op *op) {
             int status;
             pid_t got = waitpid(-1, &status, WNOHANG);
             if (got < 0 && errno == EINTR) continue;
-            if (got < 0) _exit(0);  /* no child left */
+            if (got < 0) {  /* no child left (or waitpid failed: end what may be left first) */
+                if (!own_pid_ns) kill_tree();
+                _exit(0);
+            }
             if (got == 0) break;
             if (got == pid) {
                 if (own_pid_ns) reap_the_rest(); else kill_tree();
@@ -1001,11 +1036,7 @@ static void run(void) {
             CHECK(setrlimit(num(&op, 0), &rl), "setrlimit %s", a0);
             break;
         }
-        case 'z':  /* close every fd above 2 but the report pipe, which exec closes (CVE-2024-21626) */
-            fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
-            if (syscall(SYS_CLOSE_RANGE, 3, REPORT_FD - 1, 0) < 0 || syscall(SYS_CLOSE_RANGE, REPORT_FD + 1, ~0U, 0) < 0)
-                for (int fd = 3; fd < 1024; fd++) if (fd != REPORT_FD) close(fd);
-            break;
+        case 'z': close_inherited_fds(); break;
         case 'a': landlock_prepare(&op); break;
         case 'Y': enter_user_namespace(num(&op, 0), num(&op, 1)); break;
         case 'B': drop_bounding_set(num(&op, 0)); break;
@@ -1115,6 +1146,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MAX_SLOTS; i++) slots[i] = -1;
     own_pid_ns = argv[0] && strcmp(argv[0], "sandboxrun-init") == 0;
     if (own_pid_ns && fcntl(PIDNS_FD, F_GETFD) >= 0) clone_pid_namespace();
+    /* The init mode ends the run with kill(-1): only ever as PID 1 of a pid namespace (in the
+       caller's, started by mistake, it would reach every process the caller may signal). */
+    if (own_pid_ns && getpid() != 1) fail(EINVAL, "started as a pid namespace's init, but it is not PID 1");
     reset_signals();
     reset_process_state();
     read_program();
