@@ -17,6 +17,8 @@ Works with mcp 1.x (`FastMCP`) and 2.x (`MCPServer`).
 # local Annotated aliases that the SDK must be able to evaluate.
 import functools
 import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -60,6 +62,8 @@ class Tools:
         self.workspace = workspace
         self.ToolError = tool_error
         self.started: list[str] = []  # background sessions this server started (killed on exit)
+        self._closing = False  # set by close(): a start that finishes after it removes its session
+        self._lock = threading.Lock()
 
     # -- helpers
 
@@ -151,8 +155,15 @@ class Tools:
         from . import sessions
 
         s = self._call(sessions.start, command, shell=True, pty=pty, name=name, **self._kw(timeout))
-        self.started.append(s.id)
-        return s.info()
+        with self._lock:
+            if not self._closing:
+                self.started.append(s.id)
+                return s.info()
+        try:  # the server closed while this one started: nothing of it may outlive the server
+            s.remove(grace=0)
+        except Exception:  # noqa: BLE001 - best effort; it may be gone already
+            pass
+        raise self._fail("the server is shutting down")
 
     def list_sessions(self) -> dict[str, Any]:
         from . import sessions
@@ -188,6 +199,8 @@ class Tools:
         """Kill and remove the background sessions this server started and left behind."""
         from . import sessions
 
+        with self._lock:
+            self._closing = True
         for sid in list(self.started):
             try:
                 sessions.get(sid).remove(grace=0.5)
@@ -355,8 +368,17 @@ def main(argv: list[str]) -> int:
         logging.getLogger().setLevel(logging.DEBUG)
     try:
         server.run("stdio")  # stdout is the protocol channel: nothing else may print there
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
+        tools.close()
+        # Now, not at the interpreter's exit: that joins the SDK's thread reading stdin, which
+        # the client may keep open for ever (the server then took a second signal, with a
+        # traceback). A run still going in a worker thread dies with us (its parent-death signal).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(0)
     finally:
         tools.close()
     return 0

@@ -47,7 +47,8 @@ from .result import Result
 from .sessions import CappedLog, proc_self, proc_starttime, profile_from_json, read_json, read_log, write_json
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
-MAX_REQUEST = 48 << 20
+MAX_WRITE = 32 << 20  # bytes of data in one write or paste (sessions.Session checks it first)
+MAX_REQUEST = (MAX_WRITE + 2) // 3 * 4 + (1 << 16)  # the same, as base64 in a JSON line
 START_WAIT = 20.0  # how long the starter is kept waiting for the sandbox's setup
 PASTE_ON, PASTE_OFF = b"\x1b[?2004h", b"\x1b[?2004l"
 
@@ -315,7 +316,10 @@ class Monitor:
             grace = self.prof.limits.kill_grace
         with self._kill_lock:
             self._send(signal.SIGTERM)  # the init forwards it to every process in the sandbox
-            done, _, _ = select.select([self.pidfd], [], [], max(0.0, grace))
+        # Not waited under the lock: a second kill with a shorter grace (0: now) ends the
+        # sandbox at its own time, instead of queueing behind the first one's grace.
+        done, _, _ = select.select([self.pidfd], [], [], max(0.0, grace))
+        with self._kill_lock:
             if not done and self.pid is not None and self.pidfd is not None:
                 from .supervisor import kill_run
 
@@ -339,14 +343,14 @@ class Monitor:
                 if uid not in (0, os.geteuid()):
                     raise _Refused("permission denied")
                 conn.settimeout(30)
-                buf = b""
+                buf = bytearray()  # (bytes += was quadratic: 30 MB took seconds)
                 while not buf.endswith(b"\n"):
                     chunk = conn.recv(1 << 16)
                     if not chunk:
                         return
                     buf += chunk
                     if len(buf) > MAX_REQUEST:
-                        raise _Refused("request too large (at most 32 MiB of data per write)")
+                        raise _Refused(f"request too large (at most {MAX_WRITE >> 20} MiB of data per write)")
                 conn.settimeout(None)
                 reply = self._dispatch(json.loads(buf))
             except _Refused as e:

@@ -218,12 +218,24 @@ def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
     signal_if(pid, sig, same)
 
 
+def _check_write_size(n: int) -> None:
+    from .monitor import MAX_WRITE
+
+    if n > MAX_WRITE:
+        raise InputError(f"data: {n} bytes; a session takes at most {MAX_WRITE >> 20} MiB per write (write it in parts)")
+
+
 def _rmtree(path: str) -> None:
     """A session folder, its run's workdir in it (TMPDIR): by directory fds, never through a
     link the run planted, whatever its depth (hostpaths.remove_tree)."""
     from .hostpaths import remove_tree
 
-    remove_tree(path)
+    for _ in range(10):  # a poll of another process may make poll.offset again meanwhile
+        remove_tree(path)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.01)
+    raise OSError(errno.ENOTEMPTY, f"cannot remove the session folder {path}")
 
 
 # ---------------------------------------------------------------------------- capped logs
@@ -574,7 +586,10 @@ class Session:
         """Output written since the last poll (by any process), and whether it ended."""
         st = self.state  # first: if it had ended, every byte is in the logs already
         ended = st in ("exited", "lost")
-        fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # removed (by another process) since its state was read
+            raise InputError(f"session {self.id} has been removed") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -701,6 +716,7 @@ class Session:
             raise InputError(f"data: expected bytes or str, got {type(data).__name__}")
         n = 0
         if data:
+            _check_write_size(len(data))
             n = int(self._ctl({"op": "write", "data": base64.b64encode(bytes(data)).decode()})["written"])
         if eof and not (n == 0 and self.state == "exited"):  # an ended command's stdin is closed already:
             self._ctl({"op": "eof"})                          # the same answer however late we are
@@ -731,6 +747,7 @@ class Session:
             raise InputError(f"text: expected str or bytes, got {type(text).__name__}")
         if not text:
             return 0
+        _check_write_size(len(text))
         return int(self._ctl({"op": "paste", "data": base64.b64encode(bytes(text)).decode()})["written"])
 
     def resize(self, cols: int, rows: int) -> None:

@@ -187,3 +187,45 @@ def test_background_session_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     with_server(ws, body)
     assert [p.name for p in state.iterdir()] == []
+
+
+def test_a_session_started_while_the_server_closes_does_not_outlive_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during a `start`: close() ran in the main thread, then the worker finished
+    the start and kept an id no one would remove: the session ran on after the server."""
+    from sandbox import sessions
+    from sandbox.mcp_server import Tools
+    from sandbox.profile import load
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(state))
+    tools = Tools(load("strict"), None, RuntimeError)
+    tools.close()  # as the server does on its way out
+    with pytest.raises(RuntimeError, match="shutting down"):
+        tools.start("sleep 30")
+    assert tools.started == [] and sessions.list_sessions(sweep=False) == []
+
+
+def test_sigterm_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state))
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "mcp"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2)  # serving (the SDK's import)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=15)  # stdin stays open (no communicate(), which would close it): the client did not go
+        err = p.stderr.read() if p.stderr else b""
+        assert p.returncode == 0 and b"Traceback" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()

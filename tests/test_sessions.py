@@ -124,6 +124,64 @@ def test_kill_stops_the_whole_sandbox(contained) -> None:
 
 
 
+def test_a_second_kill_with_a_shorter_grace_ends_the_sandbox_at_its_own_time(contained) -> None:
+    """The monitor waited out a first kill's grace under its lock: `kill --grace 0` behind a
+    `kill --grace 120` waited 30 s for an answer and the sandbox ran on."""
+    import threading
+
+    s = sandbox.start(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 1; done"])
+    output_until(s, "up")
+    first = threading.Thread(target=lambda: s.kill(grace=120), daemon=True)
+    first.start()
+    time.sleep(0.5)
+    t = time.monotonic()
+    res = s.kill(grace=0)
+    assert res is not None and res.status == "signaled" and time.monotonic() - t < 10, res
+    first.join(20)
+    assert not first.is_alive()
+
+
+def test_a_write_too_large_for_a_session_is_refused_before_it_is_sent(state: Path) -> None:
+    from sandbox.monitor import MAX_WRITE
+
+    s = sandbox.start(["cat"])
+    try:
+        t = time.monotonic()
+        with pytest.raises(InputError, match="at most 32 MiB per write"):
+            s.write(b"x" * (MAX_WRITE + 1))
+        assert time.monotonic() - t < 5
+        assert s.write(b"ok\n", eof=True) == 3
+        assert s.wait(20).stdout == "ok\n"
+    finally:
+        s.remove(grace=0)
+
+
+def test_a_session_folder_made_again_by_a_poll_during_removal_is_removed_all_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll of another process re-created poll.offset (O_CREAT) in a folder being removed:
+    `remove` said done and left a ghost session (no monitor, listed as starting, then lost)."""
+    from sandbox import hostpaths
+
+    folder = tmp_path / "0000abcd"
+    folder.mkdir()
+    (folder / "meta.json").write_text("{}")
+    real = hostpaths.remove_tree
+    calls: list[str] = []
+
+    def racing(path: str) -> None:
+        real(path)
+        calls.append(path)
+        if len(calls) == 1:  # the other process's poll, just before the last rmdir
+            os.mkdir(path)
+            (Path(path) / "poll.offset").write_text("{}")
+
+    monkeypatch.setattr(hostpaths, "remove_tree", racing)
+    sessions._rmtree(str(folder))
+    assert not folder.exists() and len(calls) == 2
+    with pytest.raises(InputError, match="no longer exists|removed"):
+        sessions.Session("0000abcd", str(tmp_path)).poll()
+
+
 def test_kill_of_a_nested_owner_session_without_a_cgroup_ends_its_daemons(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No pid namespace, no cgroup, and the directory owner's uid: the monitor kills the
