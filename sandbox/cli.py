@@ -203,7 +203,7 @@ class _WriteThrough:
 
     def _drain(self, *, block: bool) -> None:
         while self.pending and not self.dead:
-            if not block and not self._poll.poll(0):
+            if not self._poll.poll(None if block else 0):  # (blocking: an fd the caller made non-blocking waits too)
                 return
             try:
                 n = os.write(self.fd, self.pending[:1 << 16] if block else self.pending[:4096])
