@@ -366,19 +366,21 @@ def main(argv: list[str]) -> int:
         import logging
 
         logging.getLogger().setLevel(logging.DEBUG)
+    interrupted = False
     try:
         server.run("stdio")  # stdout is the protocol channel: nothing else may print there
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
+        interrupted = True
+    finally:
         tools.close()
-        # Now, not at the interpreter's exit: that joins the SDK's thread reading stdin, which
-        # the client may keep open for ever (the server then took a second signal, with a
-        # traceback). A run still going in a worker thread dies with us (its parent-death signal).
+    if interrupted:
+        # Exit now, not at the interpreter's exit: that joins the SDK's thread reading stdin,
+        # which the client may keep open for ever (the server then took a second signal, with
+        # a traceback). A run still going in a worker thread dies with us (its parent-death signal).
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
         os._exit(0)
-    finally:
-        tools.close()
     return 0

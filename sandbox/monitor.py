@@ -44,10 +44,18 @@ from typing import Any
 
 from .output import CHUNK, Capture
 from .result import Result
-from .sessions import CappedLog, proc_self, proc_starttime, profile_from_json, read_json, read_log, write_json
+from .sessions import (
+    MAX_WRITE,
+    CappedLog,
+    proc_self,
+    proc_starttime,
+    profile_from_json,
+    read_json,
+    read_log,
+    write_json,
+)
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
-MAX_WRITE = 32 << 20  # bytes of data in one write or paste (sessions.Session checks it first)
 MAX_REQUEST = (MAX_WRITE + 2) // 3 * 4 + (1 << 16)  # the same, as base64 in a JSON line
 START_WAIT = 20.0  # how long the starter is kept waiting for the sandbox's setup
 PASTE_ON, PASTE_OFF = b"\x1b[?2004h", b"\x1b[?2004l"

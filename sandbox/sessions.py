@@ -218,9 +218,10 @@ def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
     signal_if(pid, sig, same)
 
 
-def _check_write_size(n: int) -> None:
-    from .monitor import MAX_WRITE
+MAX_WRITE = 32 << 20  # bytes of data in one write or paste (the monitor refuses more)
 
+
+def _check_write_size(n: int) -> None:
     if n > MAX_WRITE:
         raise InputError(f"data: {n} bytes; a session takes at most {MAX_WRITE >> 20} MiB per write (write it in parts)")
 

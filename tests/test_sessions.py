@@ -142,7 +142,7 @@ def test_a_second_kill_with_a_shorter_grace_ends_the_sandbox_at_its_own_time(con
 
 
 def test_a_write_too_large_for_a_session_is_refused_before_it_is_sent(state: Path) -> None:
-    from sandbox.monitor import MAX_WRITE
+    from sandbox.sessions import MAX_WRITE
 
     s = sandbox.start(["cat"])
     try:
