@@ -57,6 +57,16 @@ def test_own_loopback_works_inside() -> None:
     assert r.stdout.strip() == "ok", r
 
 
+def test_interfaces_listed_inside_are_the_sandboxs_own() -> None:
+    # Listing interfaces works (netlink's NETLINK_ROUTE, as getifaddrs and `ip addr` use it) and
+    # shows the sandbox's loopback alone; control: the host has more than that.
+    host = sorted(name for _i, name in socket.if_nameindex())
+    assert len(host) > 1, host
+    r = sandbox.run(py("import socket; print(sorted(name for _i, name in socket.if_nameindex()))"))
+    assert r.status == "ok", r
+    assert r.stdout.strip() == "['lo']", r
+
+
 def _outward_address() -> str | None:
     """The host's own address on its default route (no packet is sent), or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -223,11 +233,12 @@ except OSError as e:
     print('setxattr', errno.errorcode[e.errno])
 import shutil
 import socket
-for fam in (16, 17, 40, 38):  # netlink, packet, vsock, alg
+for fam, proto in ((16, 9), (17, 0), (40, 0), (38, 0), (16, 0)):  # netlink audit, packet, vsock, alg; route
     try:
-        socket.socket(fam, socket.SOCK_RAW if fam in (16, 17) else socket.SOCK_STREAM); print('socket', fam, 'ok')
+        socket.socket(fam, socket.SOCK_RAW if fam in (16, 17) else socket.SOCK_STREAM, proto)
+        print('socket', f'{fam}.{proto}', 'ok')
     except OSError as e:
-        print('socket', fam, errno.errorcode[e.errno])
+        print('socket', f'{fam}.{proto}', errno.errorcode[e.errno])
 """
 
 
@@ -236,8 +247,9 @@ def test_seccomp_denies_kernel_surface_with_eperm() -> None:
     r = sandbox.run(["python3", "-c", SECCOMP_PROBE])
     lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
     for name in ("unshare_user", "ptrace_traceme", "keyctl", "bpf", "userfaultfd", "perf_event_open",
-                 "io_uring_setup", "modify_ldt", "socket 16", "socket 17", "socket 40", "socket 38"):
+                 "io_uring_setup", "modify_ldt", "socket 16.9", "socket 17.0", "socket 40.0", "socket 38.0"):
         assert lines[name] == "EPERM", (name, r.stdout, r.stderr)
+    assert lines["socket 16.0"] == "ok", r.stdout  # NETLINK_ROUTE: what lists interfaces
     assert lines["io_setup"] == "ENOSYS" and lines["setxattr"] == "ENOTSUP", r.stdout
 
 

@@ -132,6 +132,9 @@ def _clone_factory(flags: int) -> OpFactory:
     return lambda _t: _raw_clone(flags)
 
 
+NETLINK_XFRM, NETLINK_AUDIT, NETLINK_GENERIC = 6, 9, 16
+
+
 def _sock(family: int, kind: int = socket.SOCK_STREAM, proto: int = 0) -> Op:
     return lambda: socket.socket(family, kind, proto).close()
 
@@ -207,7 +210,14 @@ DENY_CASES: list[tuple[str, OpFactory, str, str | None]] = [
     ("fsopen", lambda t: lambda: raw(NR["fsopen"], b"tmpfs", 0), "EPERM", None),
     *[(f"clone_{n}", _clone_factory(f), "EPERM", None) for n, f in CLONE_NS.items()],
     ("clone3", lambda t: lambda: raw(NR["clone3"], 0, 0), "ENOSYS", None),
-    ("socket_netlink", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, 0), "EPERM", None),
+    # netlink: NETLINK_ROUTE only; XFRM (6) is a protocol number allowed for inet sockets
+    ("socket_netlink_audit", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT), "EPERM", None),
+    ("socket_netlink_xfrm", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_XFRM), "EPERM", None),
+    ("socket_netlink_generic", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC), "EPERM",
+     None),
+    # the kernel truncates protocol to int: (1 << 32) | NETLINK_ROUTE would be NETLINK_ROUTE
+    ("socket_netlink_route_upper_bits",
+     lambda t: lambda: os.close(raw(NR["socket"], socket.AF_NETLINK, socket.SOCK_RAW, 1 << 32)), "EPERM", None),
     ("socket_packet", lambda t: _sock(socket.AF_PACKET, socket.SOCK_RAW, 0), "EPERM", None),
     ("socket_vsock", lambda t: _sock(AF_VSOCK), "EPERM", None),
     # The kernel truncates domain to int: (1 << 32) | AF_INET would be AF_INET without the GE rule.
@@ -318,6 +328,9 @@ ALLOW_CASES: list[tuple[str, OpFactory]] = [
     ("socket_tcp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)),
     ("socket_udp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)),
     ("socketpair_unix", lambda t: lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX)]),
+    ("socket_netlink_route", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, 0)),
+    ("socket_netlink_route_dgram", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_DGRAM, 0)),
+    ("if_nameindex", lambda t: lambda: socket.if_nameindex()),
     ("ioctl_fionread", lambda t: _fionread_pipe),
     ("personality_query", lambda t: _personality(0xFFFFFFFF)),
     ("personality_linux", lambda t: _personality(0)),
@@ -460,7 +473,7 @@ def _seccomp_data(nr: int, args: tuple[int, ...], arch: int = 0) -> bytes:
     return struct.pack("<iIQ6Q", nr, arch, 0, *args, *(0,) * (6 - len(args)))
 
 
-_ARG_VALUES = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 17, 58, 59, 0x80, 0x800, 0x408, 0x400, 0x2000, 0x6000,
+_ARG_VALUES = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 15, 16, 17, 58, 59, (1 << 32) | 16, 0x80, 0x800, 0x408, 0x400, 0x2000, 0x6000,
                0x20000, 0x20008, 0x40000, 0xFFFFFFFF, 0xFFFFFFFE, 1 << 32, (1 << 32) | 8, (1 << 32) | 2,
                2**64 - 1, 2**64 - 100, seccomp._TIOCSTI, seccomp._TIOCSTI | (1 << 32), *CLONE_NS.values()]
 
@@ -498,6 +511,12 @@ def test_the_prologues_argument_checks_on_every_edge() -> None:
                 got = _run_bpf(new, data)
                 assert got == _run_bpf(old, data), (name, idx, hex(v))
                 decided["allowed" if got == allowed else "denied"] += 1
+    for name in ("socket", "socketpair"):  # family and protocol together (netlink: ROUTE only)
+        nr = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+        for family in _ARG_VALUES:
+            for proto in _ARG_VALUES:
+                data = _seccomp_data(nr, (family, 3, proto))
+                assert _run_bpf(new, data) == _run_bpf(old, data), (name, hex(family), hex(proto))
     assert decided["denied"] and decided["allowed"]  # both answers were reached
     for nr in range(0, 480):  # every other syscall: the same answer, its arguments all zero
         assert _run_bpf(new, _seccomp_data(nr, ())) == _run_bpf(old, _seccomp_data(nr, ())), nr

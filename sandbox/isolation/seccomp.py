@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 POLICIES = ("default", "off")
 
 # Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
-POLICY_VERSION = 5
+POLICY_VERSION = 6
 
 # The newest syscall the table was reviewed against: file_setattr (469, Linux 6.17; x86_64 and
 # aarch64 share every number from 424 on). A syscall added after it gets ENOSYS, as from an older
@@ -41,7 +41,9 @@ _MAP_HUGETLB, _MFD_HUGETLB, _SHM_HUGETLB = 0x40000, 0x4, 0o4000
 #   "EQ"/"GE"/"GT": arg <op> a (full 64-bit compare, b unused)
 #   "MASKED_EQ":    (arg & a) == b
 #   "NOT_IN":       arg not in a (a tuple of allowed values) -- lowered at compile time, see _expand()
-Cond = tuple[int, str, int | tuple[int, ...], int]
+#   "ALL":          every condition of a holds: (an "EQ" guard on one argument, then a condition on
+#                   another); the index is unused
+Cond = tuple[int, str, "int | tuple[int, ...] | tuple[Cond, ...]", int]
 # One row: (syscall, errno returned, conditions OR-ed together -- () means always, reason for docs).
 Rule = tuple[str, int, tuple[Cond, ...], str]
 
@@ -65,14 +67,24 @@ _S_ISUID, _S_ISGID, _S_IXGRP = 0o4000, 0o2000, 0o0010
 _PERSONALITY_ALLOWED = (0x0, 0x0008, 0x20000, 0x20008, 0xFFFFFFFF)
 
 _CLONE_NS: tuple[Cond, ...] = tuple((0, "MASKED_EQ", f, f) for f in _CLONE_NS_FLAGS.values())
-# Everything but AF_UNIX(1), AF_INET(2), AF_INET6(10), also with upper bits set, which the kernel
-# would truncate to an allowed int.
-_AF_DENIED: tuple[Cond, ...] = ((0, "NOT_IN", (1, 2, 10), 0),)
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _NETLINK_ROUTE = 1, 2, 10, 16, 0
 # Protocols: the default (0), ICMP (1, also PF_UNIX's own number), TCP (6), UDP (17), ICMPv6 (58).
 # Any other (SCTP, DCCP, L2TP, ...) makes the kernel load that protocol's module on demand, and
 # those rarely used modules are where socket exploits have come from.
 _PROTO_ALLOWED = (0, 1, 6, 17, 58)
-_SOCKET_DENIED: tuple[Cond, ...] = (*_AF_DENIED, (2, "NOT_IN", _PROTO_ALLOWED, 0))
+# Everything but AF_UNIX, AF_INET, AF_INET6, also with upper bits set, which the kernel would
+# truncate to an allowed int.
+_SOCKETPAIR_DENIED: tuple[Cond, ...] = ((0, "NOT_IN", (_AF_UNIX, _AF_INET, _AF_INET6), 0),
+                                        (2, "NOT_IN", _PROTO_ALLOWED, 0))
+# socket() also takes AF_NETLINK with NETLINK_ROUTE alone, as Docker's policy does: what lists
+# interfaces and addresses (getifaddrs, `ip addr`, if_nameindex, Go's net.Interfaces). Changing
+# links, addresses or routes takes CAP_NET_ADMIN, which no command has; every other netlink
+# family (audit, xfrm, netfilter, generic, ...) stays refused.
+_SOCKET_DENIED: tuple[Cond, ...] = (
+    (0, "NOT_IN", (_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK), 0),
+    (2, "NOT_IN", _PROTO_ALLOWED, 0),
+    (0, "ALL", ((0, "EQ", _AF_NETLINK, 0), (2, "NOT_IN", (_NETLINK_ROUTE,), 0)), 0),
+)
 # cmd is an unsigned int in the kernel: compare the low 32 bits only (CVE-2019-10063). TIOCSETD
 # sets a line discipline, loading its module on demand (n_hdlc: CVE-2017-2636).
 _TTY_DENIED: tuple[Cond, ...] = tuple((1, "MASKED_EQ", _LOW32, cmd) for cmd in (_TIOCSTI, _TIOCLINUX, _TIOCSETD))
@@ -194,10 +206,11 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     ("set_mempolicy", _EPERM, (), _DENY_ALWAYS),
     ("set_mempolicy_home_node", _EPERM, (), _DENY_ALWAYS),
     ("migrate_pages", _EPERM, (), _DENY_ALWAYS),
-    # sockets: AF_UNIX, AF_INET, AF_INET6, with their built-in protocols only
-    ("socket", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
-     "{0, ICMP, TCP, UDP, ICMPv6}"),
-    ("socketpair", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
+    # sockets: AF_UNIX, AF_INET, AF_INET6, with their built-in protocols only; AF_NETLINK for routing
+    # information only (NETLINK_ROUTE)
+    ("socket", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK}, or "
+     "protocol not in {0, ICMP, TCP, UDP, ICMPv6}, or AF_NETLINK with another protocol than NETLINK_ROUTE"),
+    ("socketpair", _EPERM, _SOCKETPAIR_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
      "{0, ICMP, TCP, UDP, ICMPv6}"),
     # terminal input injection, line disciplines
     ("ioctl", _EPERM, _TTY_DENIED, "TIOCSTI / TIOCLINUX / TIOCSETD"),
@@ -253,6 +266,9 @@ def _fmt_cond(cond: Cond, octal: bool) -> str:
     if op == "NOT_IN":
         assert isinstance(a, tuple)
         return f"arg{idx} not in {{{', '.join(f'{v:#x}' for v in a)}}}"
+    if op == "ALL":
+        assert isinstance(a, tuple)
+        return "(" + " and ".join(_fmt_cond(c, octal) for c in a) + ")"
     sym = {"EQ": "==", "GE": ">=", "GT": ">"}[op]
     return f"arg{idx} {sym} {a}"
 
@@ -297,9 +313,10 @@ def _expand(cond: Cond) -> list[tuple[int, str, int, int]]:
     written as "arg > max(S)" plus aligned MASKED_EQ blocks covering every gap below max(S).
     """
     idx, op, a, b = cond
-    if op != "NOT_IN":
+    if op not in ("NOT_IN", "ALL"):
         assert isinstance(a, int)
         return [(idx, op, a, b)]
+    assert op == "NOT_IN", "an ALL condition is lowered by _conjunctions()"
     assert isinstance(a, tuple)
     allowed = sorted(a)
     out = [(idx, "GT", allowed[-1], 0)]
@@ -308,6 +325,20 @@ def _expand(cond: Cond) -> list[tuple[int, str, int, int]]:
         for start, size in _aligned_blocks(prev + 1, v - 1):
             out.append((idx, "MASKED_EQ", ((1 << 64) - 1) ^ (size - 1), start))
         prev = v
+    return out
+
+
+def _conjunctions(cond: Cond) -> list[tuple[tuple[int, str, int, int], ...]]:
+    """Lower a table condition to rules OR-ed together, each single comparisons that must all
+    hold (libseccomp ANDs the comparisons of one rule): one per comparison, or for "ALL" one per
+    combination of its conditions' comparisons (on distinct arguments, as libseccomp wants)."""
+    if cond[1] != "ALL":
+        return [(low,) for low in _expand(cond)]
+    parts = cond[2]
+    assert isinstance(parts, tuple) and len({c[0] for c in parts}) == len(parts), cond
+    out: list[tuple[tuple[int, str, int, int], ...]] = [()]
+    for part in parts:
+        out = [(*done, low) for done in out for low in _expand(part)]  # type: ignore[arg-type]
     return out
 
 
@@ -329,8 +360,8 @@ def _arg_checks(nr: int, err: int, conds: tuple[Cond, ...], n: int) -> list[Insn
     """BPF for one prologue rule (`n` makes its labels unique): with A = the syscall number,
     ERRNO(err) if any condition holds, else on to the program; another syscall skips it all.
     Only what the kernel reads as a 32-bit int: "NOT_IN" (allowed: the upper word 0 and the
-    lower one of the values) and "MASKED_EQ" of one bit of the lower word (the bits OR-ed
-    into one test)."""
+    lower one of the values), "MASKED_EQ" of one bit of the lower word (the bits OR-ed
+    into one test), and "ALL" of an "EQ" guard and a "NOT_IN"."""
     deny, skip = f"errno{err}", f"skip{n}"
     out: list[Insn | str] = [(_JEQ, 0, skip, nr)]
     bits: dict[int, int] = {}
@@ -341,6 +372,18 @@ def _arg_checks(nr: int, err: int, conds: tuple[Cond, ...], n: int) -> list[Insn
             ok = f"ok{n}.{k}"
             out += [(_LD_W_ABS, 0, 0, hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, lo)]
             out += [(_JEQ, ok, deny if j == len(a) - 1 else 0, v) for j, v in enumerate(a)]
+            out.append(ok)
+        elif op == "ALL" and isinstance(a, tuple) and len(a) == 2 and a[0][1] == "EQ" and a[1][1] == "NOT_IN":
+            # the guard: the argument is this value (its upper word 0); then the NOT_IN as above
+            (g_idx, _eq, g_val, _), (n_idx, _not_in, allowed, _) = a
+            assert isinstance(g_val, int) and 0 <= g_val <= _LOW32, (nr, a)
+            assert isinstance(allowed, tuple) and all(0 <= v <= _LOW32 for v in allowed), (nr, a)
+            ok = f"ok{n}.{k}"
+            g_lo, g_hi = _ARGS_AT + 8 * g_idx, _ARGS_AT + 8 * g_idx + 4
+            n_lo, n_hi = _ARGS_AT + 8 * n_idx, _ARGS_AT + 8 * n_idx + 4
+            out += [(_LD_W_ABS, 0, 0, g_hi), (_JEQ, 0, ok, 0), (_LD_W_ABS, 0, 0, g_lo), (_JEQ, 0, ok, g_val)]
+            out += [(_LD_W_ABS, 0, 0, n_hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, n_lo)]
+            out += [(_JEQ, ok, deny if j == len(allowed) - 1 else 0, v) for j, v in enumerate(allowed)]
             out.append(ok)
         elif op == "MASKED_EQ" and isinstance(a, int) and a == b and 0 < a <= _LOW32 and a & (a - 1) == 0:
             bits[lo] = bits.get(lo, 0) | a
@@ -441,9 +484,9 @@ def compile_policy(name: str = "default", *, newest: int = NEWEST_REVIEWED_NR,
             continue
         if not conds:
             filt.add_rule(sc.ERRNO(err), nr)
-        # One libseccomp rule per single comparison: rules with the same action are OR-ed.
-        for idx, op, a, b in (low for c in conds for low in _expand(c)):
-            filt.add_rule(sc.ERRNO(err), nr, sc.Arg(idx, ops[op], a, b))
+        # One libseccomp rule per conjunction of comparisons: rules with the same action are OR-ed.
+        for rule in (conj for c in conds for conj in _conjunctions(c)):
+            filt.add_rule(sc.ERRNO(err), nr, *(sc.Arg(idx, ops[op], a, b) for idx, op, a, b in rule))
     _SKIPPED[name] = skipped
     fd = os.memfd_create(f"seccomp-{name}", os.MFD_CLOEXEC)
     with os.fdopen(fd, "w+b") as f:
