@@ -1032,10 +1032,31 @@ def start(
         check_lock_file()
     root = state_dir()
     sweep_expired(root)
-    if name is not None:
-        for s in list_sessions(sweep=False):
-            if s.name == name and s.state in ("running", "starting"):
-                raise InputError(f"name: session {s.id} named {name!r} is still running")
+    # A name is checked and taken (meta.json says "starting") under one lock: two starts of
+    # the same name at once would both pass the check.
+    names_lock = _lock_names(root) if name is not None else -1
+    try:
+        if name is not None:
+            for s in list_sessions(sweep=False):
+                if s.name == name and s.state in ("running", "starting"):
+                    raise InputError(f"name: session {s.id} named {name!r} is still running")
+        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace)
+    finally:
+        if names_lock >= 0:
+            os.close(names_lock)  # (if _create has not released it already)
+
+
+def _lock_names(root: str) -> int:
+    try:
+        fd = os.open(os.path.join(root, "names.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise SandboxError(f"state directory {root}: cannot open names.lock: {e.strerror}") from None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: bytes | bytearray | None,
+            stdin_file: str | None, pty: bool, cols: int, rows: int, trace: bool) -> Session:
     sdir = sid = ""
     for _ in range(32):
         sid = secrets.token_hex(4)
@@ -1066,6 +1087,8 @@ def start(
             "starter_pid": proc_self(), "starter_start": proc_starttime(proc_self()), "proc_dev": proc_dev(),
             "kill_grace": prep.profile.limits.kill_grace, "timeout": prep.profile.limits.timeout,
         })
+        if names_lock >= 0:
+            fcntl.flock(names_lock, fcntl.LOCK_UN)  # the name is visible now: the next may check
         _spawn_monitor(sdir)
     except BaseException:
         _abandon(sdir)

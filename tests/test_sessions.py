@@ -87,6 +87,35 @@ def test_start_write_poll_wait() -> None:
     assert sessions.list_sessions() == []
 
 
+def test_concurrent_starts_of_one_name_start_it_once() -> None:
+    import threading
+
+    go = threading.Barrier(4)
+    started: list[sessions.Session] = []
+    refused: list[str] = []
+
+    def one() -> None:
+        go.wait()
+        try:
+            started.append(sandbox.start(["sleep", "30"], name="once"))
+        except InputError as e:
+            refused.append(str(e))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(started) == 1 and len(refused) == 3, (started, refused)
+        assert all("still running" in e for e in refused), refused
+    finally:
+        for s in started:
+            s.kill(grace=0)
+            s.wait(20)
+            s.clear()
+
+
 def test_state_files_are_private(state: Path) -> None:
     s = sandbox.start(["sleep", "30"], name="perm")
     assert (state.stat().st_mode & 0o777) == 0o700
