@@ -27,8 +27,8 @@ import sys
 
 from . import signals
 from .isolation.syscalls import CLONE_NEWPID, setns, unshare
-from .plan import PARENT_GONE, RunPlan
-from .record import record
+from .plan import PARENT_GONE, SANDBOX_UID, RunPlan
+from .record import record, replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -125,11 +125,17 @@ class _ForkSide:
             self.templates[key] = fd
         return fd
 
-    def fork_child(self, plan: RunPlan, fds: ChildFds) -> tuple[int, bool]:
-        """The child's pid, and whether it was born in its cgroup (the stage, on cgroup v2)."""
+    def fork_child(self, plan: RunPlan, fds: ChildFds) -> tuple[int, bool, bool]:
+        """The child's pid, whether it was born in its cgroup (the stage, on cgroup v2), and
+        whether it runs in a user namespace of its own the plan did not ask for (below)."""
         if self.userns_error and (plan.pid_namespace or plan.unshare_flags):
             err, msg = self.userns_error
             raise ForkError("user_namespace", err, f"cannot create a user namespace: {msg}")
+        own_userns = self.rootless and self.userns_error is None and plan.uid < 0 and not plan.nested_userns
+        if own_userns:
+            # A rootless run without namespaces (nested) would keep our identity: uid 0 of our
+            # user namespace. It gets one more, as the rootless profile's runs, and is uid 1000.
+            plan = replace(plan, nested_userns=True, uid=SANDBOX_UID, gid=SANDBOX_UID)
         plan.view_template = self._template_for(plan)
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             # Not after the fork: a real-time child cannot join a v1 cpu cgroup (EINVAL), and
@@ -138,7 +144,7 @@ class _ForkSide:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         stage = plan.extra.get("stage")
         if isinstance(stage, str):
-            return self._spawn_stage(stage, plan, fds)
+            return (*self._spawn_stage(stage, plan, fds), own_userns)
         if not self.preloaded:
             self._preload()
         if plan.pid_namespace:
@@ -166,7 +172,7 @@ class _ForkSide:
                 child_main(plan, fds.report, fds.cgroup)
             finally:
                 os._exit(125)
-        return pid, False
+        return pid, False, own_userns
 
     def _spawn_stage(self, path: str, plan: RunPlan, fds: ChildFds) -> tuple[int, bool]:
         """The native stage instead of a Python child (posix_spawn: no copy of our pages), as
@@ -263,6 +269,7 @@ class Launched:
     direct: bool  # we are the parent and must reap
     pid1: bool = False  # it is PID 1 of the run's pid namespace: its usage is the whole tree's
     in_cgroup: bool = False  # born in the run's cgroup (CLONE_INTO_CGROUP): no move needed
+    own_userns: bool = False  # the fork side gave a run without namespaces a user namespace (uid 1000)
 
     def reap(self) -> resource.struct_rusage | None:
         """Wait for it; its resource usage where we are its parent (with that of every
@@ -297,8 +304,8 @@ class DirectForker(_ForkSide):
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         _offer_stage(plan)
-        pid, in_cgroup = self.fork_child(plan, fds)
-        return Launched(pid, os.pidfd_open(pid), True, in_cgroup=in_cgroup)
+        pid, in_cgroup, own_userns = self.fork_child(plan, fds)
+        return Launched(pid, os.pidfd_open(pid), True, in_cgroup=in_cgroup, own_userns=own_userns)
 
 
 # --------------------------------------------------------------------------- fork server
@@ -390,14 +397,14 @@ def serve(fd: int) -> None:
             # gone (its pid maybe reused) before we hold it.
             signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGCHLD})
             try:
-                pid, in_cgroup = side.fork_child(plan, child_fds)
+                pid, in_cgroup, own_userns = side.fork_child(plan, child_fds)
                 children.add(pid)
                 if not plan.pid_namespace:
                     own_tree.add(pid)
                 pidfd = os.pidfd_open(pid)
             finally:
                 signals.pthread_sigmask(signals.SIG_UNBLOCK, {signals.SIGCHLD})
-            reply: object = ("ok", pid, pid_namespace, in_cgroup)
+            reply: object = ("ok", pid, pid_namespace, in_cgroup, own_userns)
             out = [pidfd]
         except ForkError as e:
             reply, out, pidfd = ("error", e.step, e.errno or 0, e.strerror or str(e)), [], -1
@@ -493,7 +500,8 @@ class ServerForker:
         # Its pid as we number it: the server's own where it shares our pid namespace (root);
         # else (rootless: a namespace of its own) /proc's number, from the pidfd.
         ours = reply[2] == os.stat("/proc/self/ns/pid").st_ino
-        return Launched(reply[1] if ours else host_pid(rfds[0]), rfds[0], False, in_cgroup=reply[3])
+        return Launched(reply[1] if ours else host_pid(rfds[0]), rfds[0], False, in_cgroup=reply[3],
+                        own_userns=reply[4])
 
     def _drop(self) -> None:
         if self._sock is not None:

@@ -13,6 +13,7 @@ from .record import field, record
 # kill the run's processes, its descendants, before it exits (stage.c, child.py); with a pid
 # namespace SIGKILL, since the namespace dies with its init.
 PARENT_GONE = 64
+SANDBOX_UID = 1000  # a rootless run's uid/gid in its own user namespace
 
 
 @record

@@ -26,7 +26,7 @@ from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
 from .output import Capture
-from .plan import PARENT_GONE, RunPlan
+from .plan import PARENT_GONE, SANDBOX_UID, RunPlan
 from .profile import Profile
 from .record import field, record, replace
 from .result import Isolation, Result, Usage
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .profile import Mount
 
 F_SETPIPE_SZ = 1031
-SANDBOX_UID = 1000  # inside a rootless run's own user namespace
 ARG_MAX = os.sysconf("SC_ARG_MAX")
 
 _server: ServerForker | None = None
@@ -199,19 +198,22 @@ def check_size(argv: list[str], env: dict[str, str]) -> None:
 # ---------------------------------------------------------------------------- run
 
 
-def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None, host_uid: int | None) -> Isolation:
+def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None, host_uid: int | None,
+               own_userns: bool = False) -> Isolation:
+    """`own_userns`: the fork side gave a rootless run without namespaces one (Launched.own_userns)."""
     lim = prof.limits
+    userns = bool(plan and _rootless() and prof.namespaces) or own_userns
     return Isolation(
         namespaces=[n for n in prof.namespaces if n != "net" or prof.network == "none"]
-        + (["user"] if plan and (plan.nested_userns or _rootless()) and prof.namespaces else []),
-        user_namespace=bool(plan and _rootless() and prof.namespaces),
+        + (["user"] if plan and (plan.nested_userns or _rootless()) and prof.namespaces or own_userns else []),
+        user_namespace=userns,
         filesystem=prof.view if plan else "none",
-        uid=plan.uid if plan and plan.uid >= 0 else None,
+        uid=SANDBOX_UID if own_userns else plan.uid if plan and plan.uid >= 0 else None,
         host_uid=host_uid,
         network=prof.network,
         seccomp=prof.seccomp,
         no_new_privs=True,
-        capabilities="none" if plan is None or plan.uid >= 0 or plan.nested_userns
+        capabilities="none" if plan is None or plan.uid >= 0 or plan.nested_userns or own_userns
         else "effective and permitted cleared; the bounding set of an unprivileged caller stays",
         cgroup=cg.version if cg else "none",
         limits={
@@ -580,7 +582,7 @@ def execute(req: Request) -> Result:
             res.isolation = None  # nothing was applied to a command that never ran
         elif res.isolation is not None:
             abi, fallback_uid = res.isolation.landlock_abi, res.isolation.uid
-            res.isolation = _isolation(prof, plan, cg, host_uid)
+            res.isolation = _isolation(prof, plan, cg, host_uid, launched.own_userns)
             res.isolation.landlock_abi = abi
             if fallback_uid is not None:
                 res.isolation.uid = res.isolation.host_uid = fallback_uid

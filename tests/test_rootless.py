@@ -186,7 +186,7 @@ out = {}
 if mode == "isolation":
     out["rootless"] = sandbox.run(["python3", "-c", INSIDE, *sys.argv[2:5]], profile="rootless").to_dict()
 for name in (sys.argv[5:] if mode == "isolation" else sys.argv[2:]):
-    out[name] = sandbox.run(["/bin/true"], profile=name).to_dict()
+    out[name] = sandbox.run(["sh", "-c", "id -u; id -g"], profile=name).to_dict()
 print(json.dumps(out))
 """.replace("INSIDE", repr(INSIDE))
 
@@ -301,9 +301,15 @@ def test_strict_fails_closed_without_cgroup_delegation(rootless_probe: dict) -> 
 
 
 def test_nested_profile_runs_rootless(rootless_probe: dict) -> None:
+    # No namespace of the profile's; but the fork side's user namespace (where the caller is
+    # uid 0) would make it root inside: it gets one more, where it is uid 1000, and says so.
     r = rootless_probe["nested"]
     assert r["status"] == "ok", (r["error_step"], r["error"])
-    assert r["isolation"]["namespaces"] == [] and r["isolation"]["filesystem"] in ("host", "none")
+    iso = r["isolation"]
+    assert iso["filesystem"] in ("host", "none")
+    assert iso["namespaces"] == ["user"] and iso["user_namespace"] is True and iso["capabilities"] == "none"
+    assert r["stdout"].split() == ["1000", "1000"] and iso["uid"] == 1000, r["stdout"]
+    assert iso["host_uid"] == pwd.getpwnam(USER).pw_uid
 
 
 # Two library runs of one process (the rootless fork server keeps a template of the view).
@@ -579,7 +585,8 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
                                "bash", "-c", STUBBORN.format(mark=mark)])
             assert cp.returncode == 124, (cp.returncode, cp.stderr[-2000:])  # not 130: the CLI was not signalled
             res = json.loads(cp.stdout)
-            assert res["status"] == "timeout" and res["isolation"]["namespaces"] == [], res
+            # no pid namespace (the user namespace the fork side gives it does not separate pids)
+            assert res["status"] == "timeout" and "pid" not in res["isolation"]["namespaces"], res
             assert own.poll() is None, "the user's own process was signalled"
             assert leaks.marked(mark) == []
         finally:
