@@ -212,8 +212,16 @@ def _run(prof: Profile) -> dict[str, Any]:
         r = run(["/bin/true"], profile=prof)
     except Exception as e:  # noqa: BLE001 - a probe that crashes is a finding, not a crash
         return {"status": "error", "step": "sandboxrun", "errno": 0, "error": f"{type(e).__name__}: {e}"}
-    return {"status": r.status, "step": r.error_step, "errno": r.error_errno or 0, "error": r.error,
+    return {"status": r.status, "step": r.error_step, "errno": r.error_errno or 0, "error": _without_cause(r.error),
             "isolation": r.isolation}
+
+
+def _without_cause(error: str | None) -> str | None:
+    """A run's error without the likely cause the supervisor added: the report gives its own,
+    from what it read of the host, on a line of its own."""
+    if error and error.endswith(")") and " (likely cause: " in error:
+        return error[:error.rindex(" (likely cause: ")]
+    return error
 
 
 def _cgroup_detail() -> dict[str, Any]:

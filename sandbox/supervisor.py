@@ -235,7 +235,8 @@ def _likely_cause(step: str, err: int) -> str:
 
 
 def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: str, started: float) -> Result:
-    cause = _likely_cause(step, err)
+    # A layer the caller turned off (SANDBOXRUN_CGROUP=none) says so: no cause to guess.
+    cause = _likely_cause(step, err) if "SANDBOXRUN_" not in message else ""
     if cause and cause not in message:
         message = f"{message} (likely cause: {cause})"
     return Result(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import end_marked, inherited_at
 
+import sandbox
 from sandbox.isolation import cgroups
 from sandbox.isolation.cgroups import CgroupLimits, CgroupUnavailable, V1Backend, V2Backend
 
@@ -344,6 +345,15 @@ def test_detect_forced_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
     with pytest.raises(CgroupUnavailable, match="SANDBOXRUN_CGROUP=none"):
         cgroups._detect()
+
+
+def test_a_cgroup_turned_off_by_the_caller_is_named_without_a_guessed_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    monkeypatch.setattr(cgroups, "_backend", None)  # detected anew, and both restored after
+    monkeypatch.setattr(cgroups, "_backend_error", None)
+    r = sandbox.run(["true"], profile="standard")
+    assert (r.status, r.error_step) == ("setup_error", "cgroup"), r
+    assert r.error == "cgroup: cgroups disabled by SANDBOXRUN_CGROUP=none", r.error
 
 
 # ---------------------------------------------------------------------------- real hierarchies

@@ -519,8 +519,10 @@ def test_doctor_as_user(tree: Tree) -> None:
     assert rep["strict"] is profiles["strict"]["runs"] and cp.returncode == (0 if rep["strict"] else 1)
     if not rep["strict"]:
         assert profiles["strict"]["step"] == "cgroup" and "delegat" in profiles["strict"]["cause"]
+        assert "likely cause" not in profiles["strict"]["error"]  # given once, as the report's own
     text = tree.as_user([SYS_PYTHON, "-m", "sandbox", "doctor"])
     assert text.returncode == cp.returncode and "rootless" in text.stdout and "LAYER" in text.stdout, text.stderr
+    assert "(likely cause:" not in text.stdout  # each cause once, on its own line, not in the error too
 
 
 # ---------------------------------------------------------------------------- refused namespaces
