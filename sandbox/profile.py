@@ -654,7 +654,8 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
                            'add extends = "strict" or filesystem.ro_bind', source=source)
     return Profile(
         name=raw.get("name", default_name), description=raw.get("description", ""), source=source,
-        limits=limits, view=view, mounts=tuple(mounts), workdir=workdir, network=net,
+        # a host view binds nothing: inherited binds are not kept (nor shown by `profiles show`)
+        limits=limits, view=view, mounts=tuple(mounts) if view == "private" else (), workdir=workdir, network=net,
         hostname=hostname, env=proc.get("env", ()), env_passthrough=proc.get("env_passthrough", ()),
         namespaces=namespaces, seccomp=sec.get("seccomp", "default"), landlock=sec.get("landlock", "optional"),
         cgroup=sec.get("cgroup", "required"), blocklist=flt.get("blocklist", True), block=flt.get("block", ()),

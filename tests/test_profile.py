@@ -42,6 +42,9 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     f.write_text('extends = "nested"\n[security]\ncgroup = "off"\n')
     p = load(str(f))
     assert p.view == "host" and p.cgroup == "off"
+    assert p.mounts == () and load("nested").mounts == ()  # nor kept, nor shown (`profiles show`)
+    f.write_text('extends = "strict"\n[filesystem]\nview = "host"\n[network]\nmode = "host"\n[security]\nnamespaces = []\n')
+    assert load(str(f)).mounts == ()
     f.write_text('extends = "nested"\n[filesystem]\nro_bind = ["/usr"]\n')
     with pytest.raises(ProfileError, match="filesystem.ro_bind = '/usr'"):
         load(str(f))
