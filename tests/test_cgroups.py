@@ -413,6 +413,33 @@ def test_v1_real_limits_stats_kill_remove() -> None:
 
 
 @needs_root
+def test_kill_all_spares_a_pid_no_longer_in_the_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unfrozen, a pid read from cgroup.procs may exit and its number go to another process
+    # before the kill: here the list names a process of the host's that never was inside.
+    v1 = _real_v1()
+    if "pids" not in v1:
+        pytest.skip("no cgroup v1 pids hierarchy on this host")
+    cg = V1Backend({"pids": v1["pids"]}).create(CgroupLimits(memory=None, processes=16, cpus=None, freezer=False))
+    inside = bystander = None
+    try:
+        inside = subprocess.Popen(["sleep", "60"])
+        cgroups._write(cg.procs_files[0], str(inside.pid))
+        bystander = subprocess.Popen(["sleep", "60"])
+        listed_once = iter([[inside.pid, bystander.pid], []])
+        monkeypatch.setattr(cg, "pids", lambda: next(listed_once))
+        cg.kill_all()
+        assert inside.wait(timeout=10) == -9
+        time.sleep(0.1)
+        assert bystander.poll() is None, "a process outside the cgroup was killed"
+    finally:
+        for p in (inside, bystander):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        cg.remove()
+
+
+@needs_root
 def test_v1_sweep_removes_stale_cgroups() -> None:
     v1 = _real_v1()
     if "memory" not in v1:

@@ -225,16 +225,41 @@ class RunCgroup:
             if not pids:
                 break
             for pid in pids:
-                try:
-                    os.kill(pid, signals.SIGKILL)
-                except OSError:
-                    pass
+                self._kill_member(pid)
             if freezer:
                 try:
                     _write(freezer, thawed)  # a frozen task cannot die
                 except OSError:
                     pass
             time.sleep(0.001)
+
+    def _kill_member(self, pid: int) -> None:
+        """SIGKILL `pid` if it is (still) in this cgroup: unfrozen, a pid read from
+        cgroup.procs may have exited and been given to another process since. The pidfd
+        holds the process we then check, so a number reused after it is never signalled."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return  # gone
+        try:
+            if self._holds(pid):
+                signals.pidfd_send_signal(fd, signals.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _holds(self, pid: int) -> bool:
+        """Whether /proc says `pid` is in one of our directories (true where /proc cannot say)."""
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                paths = [line.rstrip("\n").split(":", 2)[-1] for line in f]
+        except FileNotFoundError:
+            return False  # exited: the pidfd's process is gone too
+        except OSError:
+            return True  # (hidepid) as before: the list was read just now
+        names = {os.path.basename(d) for d in self.dirs}
+        return any(os.path.basename(p) in names for p in paths)
 
     def remove(self) -> None:
         """Remove the run's own directories (a slot's stay for the next run). Usually empty
