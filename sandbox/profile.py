@@ -507,11 +507,17 @@ def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
         except (OSError, ValueError):
             return None
 
+    target = _norm(m.target)
     for o in existing:
-        if _norm(o.target) == _norm(m.target):
+        if _norm(o.target) == target:
             mine, theirs = kind(m.source), kind(o.source)
             if mine and theirs and mine != theirs:
-                return f"{_norm(m.target)} is where a {theirs} is bound already ({o.source}): a {mine} cannot go there"
+                return f"{target} is where a {theirs} is bound already ({o.source}): a {mine} cannot go there"
+        elif target.startswith(_norm(o.target).rstrip("/") + "/"):  # inside another bind: what is there
+            below = os.path.join(o.source, os.path.relpath(target, _norm(o.target)))
+            mine, theirs = kind(m.source), kind(below)
+            if mine and theirs and mine != theirs:
+                return f"{target} is a {theirs} in the bind of {o.source}: a {mine} cannot be bound there"
     return None
 
 
@@ -579,9 +585,6 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
 
     lim = values.get("limits", {})
     limits = Limits(**{k: v for k, v in lim.items()})
-    for key in ("output", "tmp_size", "shm_size", "log_size", "workdir_size"):
-        if getattr(limits, key) is None:
-            raise ProfileError("cannot be unlimited", source=source, key=f"limits.{key}")
     if limits.timeout is None or limits.timeout == 0:
         if not limits.allow_no_timeout:
             raise ProfileError("a run without a wall timeout needs limits.allow_no_timeout = true",
@@ -611,9 +614,9 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
     if problem:
         raise ProfileError(problem, source=source, key="filesystem.workdir", value=workdir)
     own_fs = raw.get("filesystem", {}) if own is None else own
-    for key, spec, m in binds:
+    for i, (key, spec, m) in enumerate(binds):
         if view == "private":
-            problem = bind_problem(m.target, workdir)
+            problem = bind_problem(m.target, workdir) or _kind_clash(m, tuple(b[2] for b in binds[:i]))
         else:  # inherited binds (nested extends strict) are unused; the file's own are a mistake
             problem = HOST_VIEW_BIND if spec in own_fs.get(key, ()) else None
         if problem:
@@ -677,9 +680,22 @@ _MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "workdir_size": 64 * 2
              "file_size": 1, "log_size": 4096}
 
 
+# A sandbox without these could not be ended in time (kill_grace), or hold its output and
+# files in bounded memory.
+_NEVER_UNLIMITED = ("kill_grace", "output", "tmp_size", "shm_size", "log_size", "workdir_size")
+MAX_PROCESSES = 4 * 1024 * 1024  # PID_MAX_LIMIT: pids.max refuses more
+
+
 def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
     """Bounds that hold whether a limit came from a file or an override."""
     from .units import format_size
+
+    for key in _NEVER_UNLIMITED:
+        if getattr(limits, key) is None:
+            raise ProfileError("cannot be unlimited", source=source, key=f"limits.{key}", value=raw.get(key))
+    if limits.processes is not None and limits.processes > MAX_PROCESSES:
+        raise ProfileError(f"is above the kernel's most pids ({MAX_PROCESSES})", source=source,
+                           key="limits.processes", value=raw.get("processes", limits.processes))
 
     for key, minimum in _MINIMUMS.items():
         v = getattr(limits, key)

@@ -63,6 +63,11 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     ('[limits]\ntimeout = 0', "allow_no_timeout"),
     ('extends = "nope"', "extends = 'nope'"),
     ('[security]\ncgroup = "maybe"', "security.cgroup = 'maybe'"),
+    ('[limits]\nkill_grace = "unlimited"', "limits.kill_grace: cannot be unlimited"),
+    ('[limits]\nprocesses = 4194305', "limits.processes = 4194305: is above the kernel's most pids"),
+    # a file bound where the bind of /usr has a directory: its mount would fail at setup (ENOTDIR)
+    ('extends = "strict"\n[filesystem]\nro_bind = ["/etc/hostname:/usr/bin"]',
+     "/usr/bin is a directory in the bind of /usr: a file cannot be bound there"),
 ])
 def test_errors_name_file_key_value(tmp_path, body: str, needle: str) -> None:
     f = tmp_path / "bad.toml"
@@ -97,6 +102,12 @@ def test_overrides_validate() -> None:
         with_overrides(load("strict"), timeout="2h")
     with pytest.raises(ProfileError, match="unknown setting"):
         with_overrides(load("strict"), colour="blue")
+    # what a file may not make unlimited, an override may not either (it failed at the run)
+    for key in ("kill_grace", "output", "tmp_size", "workdir_size"):
+        with pytest.raises(ProfileError, match=f"limits.{key} = 'none': cannot be unlimited"):
+            with_overrides(load("strict"), **{key: "none"})
+    with pytest.raises(ProfileError, match="most pids"):
+        with_overrides(load("strict"), processes=4194305)
 
 
 def test_units() -> None:
