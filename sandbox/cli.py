@@ -293,7 +293,7 @@ def cmd_run(argv: list[str]) -> int:
     from . import supervisor
 
     supervisor.use_direct_forker()
-    if ns.stdin_file:
+    if ns.stdin_file is not None:
         from .hostpaths import open_for_reading
 
         kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")  # no planted link followed
@@ -424,6 +424,8 @@ def _std_fds() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 itself (now /dev/null): an empty input
     if sys.stdout is None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - fd 1 itself, for the process's life
     if sys.stderr is None:

@@ -244,7 +244,14 @@ def run_python(
 
     # Under a $TMPDIR where no one else could swap the new directory for a link (else /tmp),
     # and changed only through its fd: what root chmods and writes is that directory.
-    tmp = tempfile.mkdtemp(prefix="sandboxrun-py-", dir=tmpdir())
+    try:
+        tmp = tempfile.mkdtemp(prefix="sandboxrun-py-", dir=tmpdir())
+    except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran
+        from .supervisor import _setup_error
+
+        res = _setup_error(argv, prof, "workdir", e.errno or 0,
+                           f"cannot make the script's folder under {tmpdir()}: {e.strerror or e}", started)
+        return PythonResult(**{k: getattr(res, k) for k in Result.__record_names__})
     try:
         dfd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -292,11 +299,23 @@ def run_code(source: str, args: Sequence[str] = (), *, profile: str | Profile = 
 
 
 def _cli_value(text: str) -> Any:
-    """A CLI argument for a function: JSON when it parses (1, true, [1,2], "s"), else the string."""
+    """A CLI argument for a function: JSON when it parses (1, true, [1,2], "s"), else the string
+    (NaN, Infinity and numbers beyond a float's range too: they are not JSON)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply to be JSON here
         return text
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of a float's range")
+    return v
 
 
 def _print_value(res: PythonResult) -> None:
@@ -331,7 +350,7 @@ def main(argv: list[str]) -> int:
     if ns.function is not None:
         args = [_cli_value(a) for a in args]
     kw = run_kwargs(ns)
-    if ns.stdin_file:
+    if ns.stdin_file is not None:
         from .hostpaths import open_for_reading
 
         kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")

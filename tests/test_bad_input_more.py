@@ -316,3 +316,36 @@ def test_library_write_of_a_lone_surrogate(state: Path, isolated) -> None:
     res = s.wait(20)
     assert res is not None and s._read_log("stdout")[1] == b"\xff"
     t.kill(grace=0)
+
+
+# ---------------------------------------------------------------------------- a second report
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_function_argument_that_is_not_json_is_a_string(text: str) -> None:
+    assert coderunner._cli_value(text) == text  # (json.loads took them as floats: refused later)
+    assert coderunner._cli_value("1.5") == 1.5
+
+
+@pytest.mark.parametrize("args", [["--stdin-file", "", "--", "cat"], ["python", "--stdin-file", "", "x.py"]])
+def test_an_empty_stdin_file_is_refused_not_ignored(args: list[str]) -> None:
+    assert_clean_error(cli(*args), "--stdin-file: empty path")
+
+
+@pytest.mark.parametrize("args", [["payload"], ["batch", "-"]])
+def test_a_closed_stdin_reads_as_empty_input(args: list[str]) -> None:
+    full = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "sandbox", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=60, env=full, cwd=ROOT, preexec_fn=lambda: os.close(0))
+    text = r.stderr.decode()
+    assert "internal error" not in text and "Traceback" not in text, text
+    assert r.returncode in (0, 2), (r.returncode, text)
+
+
+def test_the_code_runner_under_a_tmpdir_that_takes_no_folder_is_a_setup_error(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    r = cli("python", str(script), env={"TMPDIR": "/proc"})
+    text = r.stderr.decode()
+    assert "internal error" not in text and "Traceback" not in text, text
+    assert r.returncode == 125 and "setup failed: workdir: cannot make the script's folder under /proc" in text, text
