@@ -235,6 +235,22 @@ def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], windo
 
 MAX_LINE = 64 << 20  # bytes in one request line (its stdin included); a longer one is refused
 MAX_SKIP = 1 << 30  # of an over-long line, read past at most this much: an endless one stops the batch
+MAX_DEPTH = 64  # arrays and objects in one request line, the line's own object included: a deeper one is
+# refused (a valid `"id": [[[...]]]` some hundreds deep overflowed the recursion of to_dict/to_json later)
+
+
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether `obj` (parsed JSON) nests arrays and objects more than `limit` deep; iterative, so
+    that the check itself cannot overflow the stack."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        for v in value.values() if isinstance(value, dict) else value:
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
+    return False
 
 
 def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
@@ -296,6 +312,9 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             continue
         if not isinstance(obj, dict):
             yield n, _Invalid(f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        if _too_deep(obj, MAX_DEPTH):  # its id stays the line number: the id may be the deep part
+            yield n, _Invalid(f"nested more than {MAX_DEPTH} levels deep (arrays and objects)")
             continue
         yield n, obj
 
@@ -365,6 +384,24 @@ class Progress:
                 pass
 
 
+def _drop_output(out: IO[str]) -> None:
+    """Points fd 1 at /dev/null, so that what is still buffered, flushed at exit, is lost quietly."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not a file (a caller's own stream): nothing to point anywhere
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # stderr gone too (2>&1 > /dev/full): the exit code says it
+        pass
+
+
 def _clock(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
@@ -400,14 +437,15 @@ def main(argv: list[str]) -> int:
     try:
         for item in results:
             bad += isinstance(item, BatchError)
-            out.write(item.to_json() + "\n")
-            out.flush()  # a consumer downstream sees each result as it comes
+            try:
+                out.write(item.to_json() + "\n")
+                out.flush()  # a consumer downstream sees each result as it comes
+            except OSError as e:  # only the output's: an error reading the input is not caught here
+                _drop_output(out)
+                if not isinstance(e, BrokenPipeError):  # the reader went away (| head): stop quietly
+                    _say(f"sandboxrun: error: stdout cannot be written: {e.strerror or e}")  # ENOSPC (> /dev/full)
+                return 1  # the rest of the results are lost; the runs started are waited for below
             progress.update(item)
-    except BrokenPipeError:  # the reader went away (| head): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, out.fileno())
-        os.close(devnull)
-        return 1
     finally:
         results.close()  # cancels what has not started, waits for what has
         progress.close()

@@ -336,6 +336,8 @@ def cmd_check(argv: list[str]) -> int:
 
     prof = load(ns.profile)
     text = cmd[0] if len(cmd) == 1 else join(cmd)
+    if not cmd[0]:
+        p.error("empty command")  # as `sandboxrun -- ''` says: it would not run
     v = check(text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
     if ns.json:
         import json
@@ -356,6 +358,8 @@ def cmd_profiles(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     from .profile import builtin_names, load
 
+    if ns.action == "list" and ns.name is not None:
+        p.error(f"profiles list takes no name (got {ns.name!r}); to see one: profiles show NAME")
     if ns.action == "show":
         if not ns.name:
             p.error("profiles show NAME")

@@ -337,6 +337,8 @@ def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
     """The workspace's real path; InputError (named `what`) unless it is a directory."""
     if workspace is None:
         return None
+    if not isinstance(workspace, str) or not workspace:
+        raise InputError(f"{what}: expected a directory's path, got {workspace!r}")  # '' would be the cwd
     if "\0" in workspace:
         raise InputError(f"{what} contains a NUL byte")
     path = os.path.realpath(workspace)  # its links are the operator's, resolved before any run

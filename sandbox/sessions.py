@@ -430,7 +430,8 @@ class LogPage:
         if self.offset == 0 and end >= self.total_lines:
             return None
         n = max(len(self.lines), 1)
-        parts = [f"lines {self.offset}-{max(end - 1, self.offset)} of {self.total_lines} (0-based)"]
+        shown = f"lines {self.offset}-{end - 1}" if self.lines else f"no lines from {self.offset}"
+        parts = [f"{shown} of {self.total_lines} (0-based)"]
         if self.offset > 0:
             parts.append(f"earlier: --offset {max(0, self.offset - n)} --limit {n}")
         if end < self.total_lines:
@@ -732,6 +733,9 @@ class Session:
         self._need_pty("send-keys")
         if not keys:
             raise InputError("send-keys: no keys given")
+        for k in keys:
+            if not isinstance(k, str):
+                raise InputError(f"send-keys: expected key names or text (str), got {type(k).__name__}")
         return self.write(b"".join(key_bytes(k, literal) for k in keys))
 
     def submit(self) -> int:

@@ -996,6 +996,9 @@ def run(
     trace = overrides.pop("trace", False) or os.environ.get("SANDBOXRUN_TRACE") == "1"
     on_stdout = overrides.pop("on_stdout", None)
     on_stderr = overrides.pop("on_stderr", None)
+    for name, fn in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
+        if fn is not None and not callable(fn):  # (else a TypeError at the first output, mid-run)
+            raise InputError(f"{name}: expected a function of bytes, got {type(fn).__name__}")
     stdin_fd = overrides.pop("stdin_fd", None)
     stdin_from = overrides.pop("stdin_from", None)
     if stdin_from is not None and (stdin is not None or stdin_fd is not None):

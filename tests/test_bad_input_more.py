@@ -349,3 +349,37 @@ def test_the_code_runner_under_a_tmpdir_that_takes_no_folder_is_a_setup_error(tm
     text = r.stderr.decode()
     assert "internal error" not in text and "Traceback" not in text, text
     assert r.returncode == 125 and "setup failed: workdir: cannot make the script's folder under /proc" in text, text
+
+
+def test_an_empty_workspace_is_refused_not_the_current_directory() -> None:
+    from sandbox.mcp_server import _workspace
+
+    for bad in ("", 5):
+        with pytest.raises(InputError, match="expected a directory's path"):
+            _workspace(bad)  # type: ignore[arg-type]
+    assert_clean_error(cli("mcp", "--workspace", ""), "--workspace: expected a directory's path")
+
+
+def test_a_log_page_past_the_end_says_it_shows_nothing() -> None:
+    page = sessions.LogPage(id="x", stream="output", lines=[], offset=5, total_lines=5, dropped_bytes=0)
+    assert page.hint() == "no lines from 5 of 5 (0-based); earlier: --offset 4 --limit 1"
+    page = sessions.LogPage(id="x", stream="output", lines=["a", "b"], offset=1, total_lines=5, dropped_bytes=0)
+    assert page.hint() == "lines 1-2 of 5 (0-based); earlier: --offset 0 --limit 2; later: --offset 3 --limit 2"
+
+
+def test_library_callbacks_and_keys_of_the_wrong_type_are_input_errors(state: Path, isolated) -> None:
+    for name in ("on_stdout", "on_stderr"):
+        with pytest.raises(InputError, match=f"{name}: expected a function"):
+            sandbox.run(["true"], **{name: 5})
+    s = sandbox.start(["cat"], pty=True)
+    try:
+        with pytest.raises(InputError, match="send-keys: expected key names or text"):
+            s.send_keys("a", 5)  # type: ignore[arg-type]
+    finally:
+        s.kill(grace=0)
+        s.clear()
+
+
+def test_check_of_an_empty_command_and_list_with_a_name() -> None:
+    assert_clean_error(cli("check", "--", ""), "empty command")
+    assert_clean_error(cli("profiles", "list", "extra"), "profiles list takes no name")

@@ -486,3 +486,58 @@ def test_an_input_that_fails_midway_still_gives_the_results_of_what_ran(isolated
         for r in run_many(requests(), concurrency=2, ordered=ordered):
             got.append(r)
     assert sorted((r.id, r.stdout) for r in got) == [(1, "1\n"), (2, "2\n")], got
+
+
+# ---------------------------------------------------------------------------- output and depth limits
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("order", [[], ["--unordered"]])
+def test_cli_batch_stdout_that_cannot_be_written_is_one_line(isolated, tmp_path: Path, order: list[str]) -> None:
+    """`sandboxrun batch f.jsonl > /dev/full` ended as `internal error: OSError ...`, exit 125."""
+    f = tmp_path / "reqs.jsonl"
+    f.write_text("".join(json.dumps({"command": ["echo", str(i)]}) + "\n" for i in range(6)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([sys.executable, "-m", "sandbox", "batch", str(f), "-j", "2", *order], stdout=full,
+                           stderr=subprocess.PIPE, timeout=120, env=env)  # a hang fails here
+    assert r.returncode == 1, r.stderr  # as a reader gone (BrokenPipeError): the results were lost
+    assert r.stderr.count(b"\n") == 1, r.stderr
+    assert b"stdout" in r.stderr and b"No space left on device" in r.stderr, r.stderr
+    assert b"internal error" not in r.stderr and b"Traceback" not in r.stderr
+
+
+def _nested(depth: int) -> str:
+    """A JSON array `depth` levels deep: [[[...]]]."""
+    return "[" * depth + "]" * depth
+
+
+def test_read_jsonl_refuses_a_line_nested_too_deep() -> None:
+    from sandbox.batch import MAX_DEPTH
+
+    ok = '{"command": ["true"], "id": ' + _nested(MAX_DEPTH - 1) + "}"  # the object itself is one level
+    deep = '{"command": ["true"], "env": {"X": ' + _nested(MAX_DEPTH) + "}}"
+    items = list(read_jsonl(io.BytesIO(f"{ok}\n{deep}\n".encode())))
+    assert [n for n, _ in items] == [1, 2]
+    assert isinstance(items[0][1], dict)
+    assert f"nested more than {MAX_DEPTH} levels deep" in items[1][1].error
+    assert items[1][1].id is None  # the line number stands in: the request's own id may be the deep part
+
+
+@pytest.mark.parametrize("depth", [450, 980])
+def test_cli_batch_a_deeply_nested_id_is_an_invalid_line_not_the_end(isolated, tmp_path: Path,
+                                                                      depth: int) -> None:
+    """A valid JSON id nested hundreds deep aborted the batch (RecursionError in to_dict); the
+    results of every later line were lost."""
+    f = tmp_path / "reqs.jsonl"
+    f.write_text("\n".join([json.dumps({"command": ["echo", "a"]}),
+                            '{"command": ["echo"], "id": ' + _nested(depth) + "}",
+                            json.dumps({"command": ["echo", "c"], "id": "c"})]) + "\n")
+    r = cli("batch", str(f))
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 1, r.stderr  # a line could not be run
+    assert [d["id"] for d in lines] == [1, 2, "c"], r.stderr
+    assert lines[1]["status"] == "invalid_request" and lines[1]["line"] == 2
+    assert "nested more than" in lines[1]["error"]
+    assert [lines[0]["stdout"], lines[2]["stdout"]] == ["a\n", "c\n"]
+    assert r.stderr == b""
