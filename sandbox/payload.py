@@ -10,7 +10,8 @@ current directory, bound read-write at the profile's workdir). Every problem is
 reported as `{"error": {"field": ..., "message": ...}}` naming the offending field,
 and nothing runs. The reply to a valid payload is the Result plus `returncode`
 (the name those prompts' executors read; the same number the CLI exits with) and
-the payload's `sequential.prompt` passed through.
+the payload's `sequential.prompt` passed through. A payload is at most 16 MiB of strict
+JSON (no NaN or Infinity) nested at most 100 arrays/objects deep.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 120.0
 OUTPUT_CAP = "1MB"  # 1,000,000 bytes per stream
 DEFAULT_CWD = "./"
+MAX_PAYLOAD_BYTES = 16 * 2**20  # one payload, as sent (a script is capped alike: coderunner.MAX_SCRIPT_BYTES)
+MAX_DEPTH = 100  # nested arrays/objects in a payload or a function argument: the reply is built recursively
 TOP_LEVEL = ("action", "thinking", "sequential", "properties")
 PROPERTIES = {
     "run_command": ("command", "cwd", "timeout", "shell", "shelltype", "env", "description"),
@@ -177,13 +180,51 @@ def _shelltype(text: str | None) -> str | None:
     return t
 
 
+def _utf8(field: str, text: str, errors: str = "strict") -> str:
+    """`text`, refused if it holds a lone surrogate (JSON's "\\ud800"): it names no file, and the
+    path functions would raise UnicodeEncodeError on it. `errors="surrogateescape"`: the rule the
+    core applies to argv (the surrogates that stand for undecodable bytes pass)."""
+    try:
+        text.encode("utf-8", errors)
+    except UnicodeEncodeError as e:
+        raise PayloadError(field, f"not valid UTF-8 text: {text[e.start]!r} at offset {e.start} is a lone "
+                                  "surrogate") from None
+    return text
+
+
+def _strict_json(text: str | bytes) -> Any:
+    """json.loads as any other JSON reader: NaN, Infinity and 1e999 are refused (ValueError)."""
+    from .batch import _finite, _no_constant
+
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _check_depth(doc: Any, field: str) -> None:
+    """Refuse `doc` if arrays/objects nest in it more than MAX_DEPTH deep: what is built from it
+    (the dry run's asdict, the reply's json.dumps) recurses. Iterative, and its memory grows with
+    the depth, not the size. The error names `field`, or for a payload the key (and the key or
+    index below it) that holds the deep part: "sequential.prompt", "properties[0]"."""
+    if not isinstance(doc, (dict, list)):
+        return
+    stack: list[tuple[str, Any]] = [(field, iter(doc.items()) if isinstance(doc, dict) else enumerate(doc))]
+    while stack:
+        where, children = stack[-1]
+        nested = next((kc for kc in children if isinstance(kc[1], (dict, list))), None)
+        if nested is None:
+            stack.pop()
+            continue
+        key, child = nested
+        if len(stack) >= MAX_DEPTH:
+            raise PayloadError(where, f"nested more than {MAX_DEPTH} arrays/objects deep")
+        if field == "payload" and len(stack) <= 2:  # name the top-level key and what is below it
+            where = f"{where}[{key}]" if isinstance(key, int) else key if len(stack) == 1 else f"{where}.{key}"
+        stack.append((where, iter(child.items()) if isinstance(child, dict) else enumerate(child)))
+
+
 def _inside(field: str, path: str, given: str, root: str | None) -> None:
     """Every payload path must resolve inside the root, and not through a hidden directory
     below it (started in a home directory, `.ssh` or `.config` are not the model's)."""
-    try:
-        given.encode()
-    except UnicodeEncodeError:
-        raise PayloadError(field, "not valid UTF-8 text (a lone surrogate)") from None
+    _utf8(field, given)
     if root is not None and path != root and not path.startswith(root.rstrip("/") + "/"):
         raise PayloadError(field, f"{given} is outside the allowed root {root}")
     below = path[len(root.rstrip("/")):] if root is not None else path
@@ -193,7 +234,7 @@ def _inside(field: str, path: str, given: str, root: str | None) -> None:
 
 
 def _cwd(text: str | None, base: str, root: str | None = None) -> str:
-    given = text if text is not None else DEFAULT_CWD
+    given = _utf8("cwd", text) if text is not None else DEFAULT_CWD
     # Not realpath: a link in the path (planted by an earlier run) is refused, not followed.
     path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
     _inside("cwd", path, given, root)
@@ -212,6 +253,9 @@ def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
     sp, fn = props.get("scriptPath"), props.get("fileName")
     if sp is None:
         raise PayloadError("scriptPath", "missing: the path of the Python script to run")
+    _utf8("scriptPath", sp)  # before realpath, which would raise on it
+    if fn is not None:
+        _utf8("fileName", fn)
     path = os.path.realpath(os.path.join(base, os.path.expanduser(sp)))
     if os.path.isdir(path):
         if fn is None:
@@ -243,6 +287,8 @@ def _split(field: str, text: str, hint: str = "") -> list[str]:
 
 
 def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
+    if args is not None:
+        _utf8("args", args, "surrogateescape")  # as the core would check it, but naming args
     if method == "script":
         req.args = _split("args", args) if args else []
         return
@@ -258,18 +304,37 @@ def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
         raise PayloadError("args", f"expected a function name first, got {name!r}")
     req.function = name
     req.args = [_json_or_str(a) for a in parts[1:]]
+    for arg in req.args:
+        _check_depth(arg, "args")
 
 
 def _json_or_str(text: str) -> Any:
+    """An argument as JSON when it parses as JSON, else as the string: "NaN", "Infinity" and
+    "1e999" are not JSON (Python's json reads them as floats no function call can carry)."""
     try:
-        return json.loads(text)
+        return _strict_json(text)
     except (ValueError, RecursionError):
         return text
+
+
+def _check_size(text: object) -> None:
+    """Refuse a payload of more than MAX_PAYLOAD_BYTES (a str: as UTF-8)."""
+    if isinstance(text, bytes):
+        size = len(text)
+    elif isinstance(text, str):  # no character is less than a byte: count the bytes only when it may pass
+        size = len(text) if len(text) > MAX_PAYLOAD_BYTES or text.isascii() else \
+            len(text.encode("utf-8", "surrogatepass"))
+    else:
+        return
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadError("payload", f"larger than {MAX_PAYLOAD_BYTES >> 20} MiB ({MAX_PAYLOAD_BYTES} bytes): "
+                                      "not read")
 
 
 def parse(text: str | bytes, *, base: str | None = None, root: str | None = None) -> PayloadRequest:
     """Validate a payload; raise PayloadError naming the field. Relative paths resolve against `base`
     (default: the current directory); cwd and scriptPath must resolve inside `root` (default: `base`)."""
+    _check_size(text)
     if isinstance(text, bytes):
         try:
             text = text.decode()
@@ -280,13 +345,14 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     if not text.strip():
         raise PayloadError("payload", "empty input: expected a JSON object")
     try:
-        doc = json.loads(text)
-    except ValueError as e:
+        doc = _strict_json(text)
+    except ValueError as e:  # also NaN, Infinity, 1e999 and a number of over 4300 digits
         raise PayloadError("payload", f"invalid JSON: {e}") from None
     except RecursionError:
         raise PayloadError("payload", "invalid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise PayloadError("payload", f"expected a JSON object, got {_json_type(doc)}")
+    _check_depth(doc, "payload")
     unknown = [k for k in doc if k not in TOP_LEVEL]
     if unknown:
         raise PayloadError(unknown[0], f"unknown key (known: {', '.join(TOP_LEVEL)})")
@@ -463,14 +529,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)
+    # At most one byte over the cap: parse refuses that, and /dev/zero is not read to the end.
     if ns.file:
         try:
             with open(ns.file, "rb") as f:
-                text: bytes = f.read()
+                text: bytes = f.read(MAX_PAYLOAD_BYTES + 1)
         except OSError as e:
             raise InputError(f"--file {ns.file}: {e.strerror}") from None
     else:
-        text = sys.stdin.buffer.read()
+        text = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
     if not ns.dry_run:
         from . import supervisor
 
@@ -485,4 +552,4 @@ def main(argv: list[str]) -> int:
 
 
 __all__ = ["PayloadError", "PayloadRequest", "parse", "plan", "run_request", "execute", "main",
-           "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "OUTPUT_CAP"]
+           "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "OUTPUT_CAP", "MAX_PAYLOAD_BYTES", "MAX_DEPTH"]

@@ -288,3 +288,123 @@ def test_payload_paths_never_go_through_a_hidden_directory(tmp_path: Path) -> No
         assert d["error"]["field"] == field and "hidden directory" in d["error"]["message"], d
     d = execute(json.dumps(cmd("ls", cwd="\udc2e")), base=str(tmp_path))
     assert d["error"]["field"] == "cwd" and "UTF-8" in d["error"]["message"], d
+
+
+# ---------------------------------------------------------------------------- hostile input
+
+
+def _strict_json(text: str) -> Any:
+    """json.loads that refuses NaN and Infinity, as any other JSON reader would."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} in the output")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    (code(scriptPath="\ud800"), "scriptPath"),
+    (code(scriptPath="sub/\udc2e.py"), "scriptPath"),
+    (code(scriptPath="./", fileName="\ud800"), "fileName"),
+    (cmd("ls", cwd="~\ud800"), "cwd"),
+    (code(scriptPath="calc.py", args="\ud800"), "args"),
+    (code(scriptPath="calc.py", method="function", args="add \ud800 1"), "args"),
+], ids=["scriptPath", "scriptPath-escape", "fileName", "cwd-tilde", "script-args", "function-args"])
+def test_lone_surrogate_in_a_path_or_argument_names_the_field(payload: dict[str, Any], field: str,
+                                                               calc: Path) -> None:
+    d = execute(json.dumps(payload), base=str(calc.parent), dry_run=True)
+    assert list(d) == ["error"] and d["error"]["field"] == field, d
+    assert "surrogate" in d["error"]["message"], d
+
+
+def test_lone_surrogate_script_path_through_cli_exits_2(calc: Path) -> None:
+    rc, d = cli('{"action":"run_code_script","properties":[{"name":"scriptPath","value":"\\ud800"}]}',
+                cwd=calc.parent)
+    assert rc == 2 and d["error"]["field"] == "scriptPath" and "surrogate" in d["error"]["message"], d
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999"])
+def test_nan_and_infinity_in_the_payload_are_refused(number: str, tmp_path: Path) -> None:
+    text = json.dumps(cmd("ls")).replace('"next step"', number)
+    assert number in text
+    d = execute(text, base=str(tmp_path), dry_run=True)
+    assert list(d) == ["error"] and d["error"]["field"] == "payload", d
+    assert "invalid JSON" in d["error"]["message"] and number.lstrip("-") in d["error"]["message"], d
+    r = subprocess.run([sys.executable, "-m", "sandbox", "payload", "--dry-run"], input=text.encode(),
+                       capture_output=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and b"Traceback" not in r.stderr, r.stderr
+    assert _strict_json(r.stdout.decode())["error"]["field"] == "payload"
+
+
+def _deep(n: int) -> Any:
+    v: Any = "core"
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+def test_over_deep_payload_is_refused_by_name(tmp_path: Path) -> None:
+    deep = json.dumps(cmd("ls") | {"sequential": {"prompt": _deep(500)}})
+    rc, d = cli(deep, "--dry-run", cwd=tmp_path)
+    assert rc == 2 and d["error"]["field"] == "sequential.prompt" and "nested" in d["error"]["message"], d
+    d = execute(deep, base=str(tmp_path))  # refused before anything runs, dry run or not
+    assert list(d) == ["error"] and d["error"]["field"] == "sequential.prompt", d
+    d = execute(json.dumps(cmd("ls") | {"properties": _deep(200)}), base=str(tmp_path), dry_run=True)
+    assert d["error"]["field"] == "properties[0]" and "nested" in d["error"]["message"], d
+    # A function argument is JSON too: as deep a one is refused, naming args.
+    (tmp_path / "f.py").write_text("def f(x):\n    return x\n")
+    arg = json.dumps(_deep(500)).replace(" ", "").replace("\"core\"", "0")  # no quotes: shell words
+    d = execute(json.dumps(code(scriptPath="f.py", method="function", args=f"f {arg}")), base=str(tmp_path),
+                dry_run=True)
+    assert list(d) == ["error"] and d["error"]["field"] == "args" and "nested" in d["error"]["message"], d
+
+
+def test_nested_prompt_within_the_limit_still_passes_through(tmp_path: Path) -> None:
+    prompt = _deep(60)
+    rc, d = cli(cmd("ls") | {"sequential": {"prompt": prompt}}, "--dry-run", cwd=tmp_path)
+    assert rc == 0 and d["prompt"] == prompt and d["sequential"] == {"prompt": prompt}, d
+
+
+def _limited_child() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a regression fails, not the host
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_endless_payload_input_is_capped(how: str, tmp_path: Path) -> None:
+    args = ["--file", "/dev/zero"] if how == "file" else []
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([sys.executable, "-m", "sandbox", "payload", "--dry-run", *args],
+                           stdin=zero if how == "stdin" else subprocess.DEVNULL, capture_output=True, timeout=60,
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_limited_child)
+    assert r.returncode == 2 and b"Traceback" not in r.stderr and b"internal error" not in r.stderr, r.stderr
+    d = json.loads(r.stdout)
+    assert d["error"]["field"] == "payload" and "larger than" in d["error"]["message"], d
+
+
+def test_payload_size_limit_is_exact(tmp_path: Path) -> None:
+    import sandbox.payload
+
+    cap = sandbox.payload.MAX_PAYLOAD_BYTES
+    assert cap == 16 << 20
+    text = json.dumps(cmd("ls")).encode()
+    padded = text + b" " * (cap - len(text))
+    assert execute(padded, base=str(tmp_path), dry_run=True)["request"]["command"] == "ls"
+    for big in (padded + b" ", (padded + b" ").decode(), text.decode() + "\u00e9" * (cap // 2)):
+        d = execute(big, base=str(tmp_path), dry_run=True)
+        assert list(d) == ["error"] and d["error"]["field"] == "payload", d
+        assert "larger than" in d["error"]["message"], d
+
+
+def test_function_arguments_nan_and_infinity_are_strings(calc: Path) -> None:
+    d = execute(json.dumps(code(scriptPath="calc.py", method="function",
+                                args="add NaN Infinity -Infinity 1e999 [NaN] 1.5 -2 null")),
+                base=str(calc.parent), dry_run=True)
+    assert d["request"]["args"] == ["NaN", "Infinity", "-Infinity", "1e999", "[NaN]", 1.5, -2, None], d
+
+
+def test_function_argument_nan_reaches_the_function_as_a_string(isolated, calc: Path) -> None:
+    rc, d = cli(code(scriptPath="calc.py", method="function", args="greet NaN"), cwd=calc.parent)
+    assert rc == 0 and d["return_value"] == {"hello": "NaN"}, d
+    d = execute(json.dumps(code(scriptPath="calc.py", method="function", args="add 1e999 -Infinity")),
+                base=str(calc.parent))
+    assert d["returncode"] == 0 and d["return_value"] == "1e999-Infinity", d
