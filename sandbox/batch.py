@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import IO, Any
 
+from . import strictjson
 from .errors import InputError, SandboxError
 from .isolation.cgroups import Slots
 from .profile import Profile, load
@@ -239,20 +240,6 @@ MAX_DEPTH = 64  # arrays and objects in one request line, the line's own object 
 # refused (a valid `"id": [[[...]]]` some hundreds deep overflowed the recursion of to_dict/to_json later)
 
 
-def _too_deep(obj: Any, limit: int) -> bool:
-    """Whether `obj` (parsed JSON) nests arrays and objects more than `limit` deep; iterative, so
-    that the check itself cannot overflow the stack."""
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            return True
-        for v in value.values() if isinstance(value, dict) else value:
-            if isinstance(v, (dict, list)):
-                stack.append((v, depth + 1))
-    return False
-
-
 def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
     """(line number, line) per line, never more than MAX_LINE bytes of one in memory; an
     over-long line gives None. One with no end in sight (/dev/zero) raises InputError."""
@@ -277,17 +264,6 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
         yield n, None
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity; nothing else can
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):  # 1e999: no NaN/Infinity by another name
-        raise ValueError(f"{text} is too large a number")
-    return value
-
-
 def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number, request or _Invalid) per non-blank line, read lazily."""
     for n, raw in _lines(stream):
@@ -297,7 +273,7 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+            obj = strictjson.loads(raw)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
             continue
@@ -313,7 +289,7 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         if not isinstance(obj, dict):
             yield n, _Invalid(f"expected a JSON object, got {type(obj).__name__}")
             continue
-        if _too_deep(obj, MAX_DEPTH):  # its id stays the line number: the id may be the deep part
+        if strictjson.too_deep(obj, MAX_DEPTH) is not None:  # its id stays the line number: the id may be the deep part
             yield n, _Invalid(f"nested more than {MAX_DEPTH} levels deep (arrays and objects)")
             continue
         yield n, obj

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import strictjson
 from .errors import InputError, ProfileError
 from .profile import Profile
 from .record import record
@@ -302,20 +303,9 @@ def _cli_value(text: str) -> Any:
     """A CLI argument for a function: JSON when it parses (1, true, [1,2], "s"), else the string
     (NaN, Infinity and numbers beyond a float's range too: they are not JSON)."""
     try:
-        return json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
+        return strictjson.loads(text)
     except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply to be JSON here
         return text
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if v != v or v in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} is out of a float's range")
-    return v
 
 
 def _print_value(res: PythonResult) -> None:

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from . import shellwords
+from . import shellwords, strictjson
 from .errors import EXIT_USAGE, InputError, ProfileError, SandboxError
 from .profile import Profile
 from .record import asdict, field, record
@@ -192,33 +192,19 @@ def _utf8(field: str, text: str, errors: str = "strict") -> str:
     return text
 
 
-def _strict_json(text: str | bytes) -> Any:
-    """json.loads as any other JSON reader: NaN, Infinity and 1e999 are refused (ValueError)."""
-    from .batch import _finite, _no_constant
-
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
-
-
 def _check_depth(doc: Any, field: str) -> None:
     """Refuse `doc` if arrays/objects nest in it more than MAX_DEPTH deep: what is built from it
     (the dry run's asdict, the reply's json.dumps) recurses. Iterative, and its memory grows with
     the depth, not the size. The error names `field`, or for a payload the key (and the key or
     index below it) that holds the deep part: "sequential.prompt", "properties[0]"."""
-    if not isinstance(doc, (dict, list)):
+    path = strictjson.too_deep(doc, MAX_DEPTH)
+    if path is None:
         return
-    stack: list[tuple[str, Any]] = [(field, iter(doc.items()) if isinstance(doc, dict) else enumerate(doc))]
-    while stack:
-        where, children = stack[-1]
-        nested = next((kc for kc in children if isinstance(kc[1], (dict, list))), None)
-        if nested is None:
-            stack.pop()
-            continue
-        key, child = nested
-        if len(stack) >= MAX_DEPTH:
-            raise PayloadError(where, f"nested more than {MAX_DEPTH} arrays/objects deep")
-        if field == "payload" and len(stack) <= 2:  # name the top-level key and what is below it
-            where = f"{where}[{key}]" if isinstance(key, int) else key if len(stack) == 1 else f"{where}.{key}"
-        stack.append((where, iter(child.items()) if isinstance(child, dict) else enumerate(child)))
+    where = field
+    if field == "payload":  # name the top-level key and what is below it
+        for n, key in enumerate(path[:2]):
+            where = f"{where}[{key}]" if isinstance(key, int) else key if n == 0 else f"{where}.{key}"
+    raise PayloadError(where, f"nested more than {MAX_DEPTH} arrays/objects deep")
 
 
 def _inside(field: str, path: str, given: str, root: str | None) -> None:
@@ -312,7 +298,7 @@ def _json_or_str(text: str) -> Any:
     """An argument as JSON when it parses as JSON, else as the string: "NaN", "Infinity" and
     "1e999" are not JSON (Python's json reads them as floats no function call can carry)."""
     try:
-        return _strict_json(text)
+        return strictjson.loads(text)
     except (ValueError, RecursionError):
         return text
 
@@ -345,7 +331,7 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     if not text.strip():
         raise PayloadError("payload", "empty input: expected a JSON object")
     try:
-        doc = _strict_json(text)
+        doc = strictjson.loads(text)
     except ValueError as e:  # also NaN, Infinity, 1e999 and a number of over 4300 digits
         raise PayloadError("payload", f"invalid JSON: {e}") from None
     except RecursionError:

@@ -1,0 +1,50 @@
+"""JSON as every other reader takes it, for input from outside (batch lines, payloads, function
+arguments): no NaN, Infinity or 1e999, which Python's json reads and no other reader does; and a
+depth check for what is later walked recursively (asdict, json.dumps), iterative so that the
+check itself cannot overflow the stack."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999: no NaN/Infinity by another name
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, refusing NaN, Infinity and numbers beyond a float (ValueError)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
+def _children(value: dict[Any, Any] | list[Any]) -> Any:
+    return iter(value.items()) if isinstance(value, dict) else enumerate(value)
+
+
+def too_deep(obj: Any, limit: int) -> list[str | int] | None:
+    """The keys and indexes down to the first array or object that nests deeper than `limit`
+    (`obj` itself is depth 1), or None. Memory grows with the depth, not the size."""
+    if not isinstance(obj, (dict, list)):
+        return None
+    path: list[str | int] = []
+    stack = [_children(obj)]
+    while stack:
+        nested = next((kc for kc in stack[-1] if isinstance(kc[1], (dict, list))), None)
+        if nested is None:
+            stack.pop()
+            if path:
+                path.pop()
+            continue
+        if len(stack) >= limit:
+            return [*path, nested[0]]
+        path.append(nested[0])
+        stack.append(_children(nested[1]))
+    return None
