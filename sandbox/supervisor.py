@@ -205,7 +205,7 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
     userns = bool(plan and _rootless() and prof.namespaces) or own_userns
     return Isolation(
         namespaces=[n for n in prof.namespaces if n != "net" or prof.network == "none"]
-        + (["user"] if plan and (plan.nested_userns or _rootless()) and prof.namespaces or own_userns else []),
+        + (["user"] if userns else []),
         user_namespace=userns,
         filesystem=prof.view if plan else "none",
         uid=SANDBOX_UID if own_userns else plan.uid if plan and plan.uid >= 0 else None,
