@@ -129,6 +129,9 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None) -
     rid = req.get("id") if isinstance(req, dict) else getattr(req, "id", None)  # known even when invalid
     try:
         rid, kw = _as_kwargs(req)
+        if strictjson.too_deep(rid, MAX_DEPTH - 1) is not None:  # as deep as a JSONL line's id may be
+            # (from Python; a line's was refused when read): its result's to_json would overflow the stack
+            return BatchError(pos, f"id: nested more than {MAX_DEPTH - 1} levels deep (arrays and objects)", pos)
         if kw.get("profile") is None:
             kw["profile"] = profile
         res = run(kw.pop("command"), cgroup_slots=slots, **kw)

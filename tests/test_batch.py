@@ -541,3 +541,20 @@ def test_cli_batch_a_deeply_nested_id_is_an_invalid_line_not_the_end(isolated, t
     assert "nested more than" in lines[1]["error"]
     assert [lines[0]["stdout"], lines[2]["stdout"]] == ["a\n", "c\n"]
     assert r.stderr == b""
+
+
+def test_run_many_a_deeply_nested_python_id_is_an_error_not_a_broken_result(isolated) -> None:
+    """An id nested deeper than a JSONL line may be, given from Python, ran; its result's
+    to_json then failed with a RecursionError: it is refused as the JSONL line is."""
+    from sandbox.batch import MAX_DEPTH
+
+    deep: list = []
+    for _ in range(2000):
+        deep = [deep]
+    shallow = [[["fine"]]]
+    out = list(sandbox.run_many([{"command": ["true"], "id": deep}, {"command": ["true"], "id": shallow}],
+                                concurrency=1))
+    assert isinstance(out[0], BatchError), out[0]
+    assert out[0].id == 1 and f"id: nested more than {MAX_DEPTH - 1} levels deep" in out[0].error
+    assert json.loads(out[0].to_json())["status"] == "invalid_request"
+    assert out[1].status == "ok" and json.loads(out[1].to_json())["id"] == shallow
