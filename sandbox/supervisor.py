@@ -234,9 +234,11 @@ def _likely_cause(step: str, err: int) -> str:
         return ""
 
 
-def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: str, started: float) -> Result:
-    # A layer the caller turned off (SANDBOXRUN_CGROUP=none) says so: no cause to guess.
-    cause = _likely_cause(step, err) if "SANDBOXRUN_" not in message else ""
+def _setup_error(argv: list[str], prof: Profile, step: str, err: int, message: str, started: float,
+                 *, known: bool = False) -> Result:
+    # A layer the caller turned off (SANDBOXRUN_CGROUP=none) says so, and a cause we checked
+    # (known) is in the message: no cause to guess then.
+    cause = _likely_cause(step, err) if not known and "SANDBOXRUN_" not in message else ""
     if cause and cause not in message:
         message = f"{message} (likely cause: {cause})"
     return Result(
@@ -456,6 +458,11 @@ def execute(req: Request) -> Result:
                 return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot give the fresh workdir "
                                     f"{work.path} to the run: {e.strerror or e}", started)
         plan = make_plan(req, work, uid, gid)
+        from .isolation import rlimits
+
+        unreachable = rlimits.beyond_reach(plan.rlimits)
+        if unreachable:
+            return _setup_error(argv, prof, "rlimits", errno.EPERM, unreachable, started, known=True)
         plan_pid_namespace = plan.pid_namespace
         shares_host_dirs = plan.view is None
         forker = _forker(plan)
@@ -483,8 +490,9 @@ def execute(req: Request) -> Result:
         if cg is not None and prof.limits.processes is not None:
             # The cgroup's pids.max fires first, so pids.events tells the caller the limit was
             # hit (usage.pids_limit_hit); RLIMIT_NPROC, a few tasks above, stays a second line.
-            plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if k == "processes" else v)
-                                               for k, v in plan.rlimits))
+            top = rlimits.ceiling("processes")  # the margin no higher than we may set (a caller's ulimit -Hu)
+            plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if top is None else min(v + NPROC_MARGIN, top))
+                                               if k == "processes" else (k, v) for k, v in plan.rlimits))
         out_r, out_w = _pipe(1 << 20)
         err_r, err_w = _pipe(1 << 20)
         rep_r, rep_w = _pipe()

@@ -646,3 +646,22 @@ def test_rootless_terminal_has_a_name(tree: Tree, child: str) -> None:
     cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-c", _PTY_SESSION], timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.startswith("ok ") and "/dev/console\\r\\nby-name\\r\\n" in cp.stdout, cp.stdout
+
+
+@pytest.mark.parametrize("child", CHILDREN)
+def test_a_limit_above_the_callers_hard_rlimit_is_a_named_setup_error(tree: Tree, child: str) -> None:
+    """Without CAP_SYS_RESOURCE no hard limit can be raised: a profile's open_files above the
+    caller's hard limit is named (it was `cannot start the native stage: Invalid argument`).
+    A low soft limit alone is no obstacle: the run still gets the profile's limit."""
+    def run(limits: str) -> subprocess.CompletedProcess[str]:
+        return tree.as_user(["sh", "-c", f"{limits}; exec {' '.join(CHILDREN[child])} {SYS_PYTHON} -m sandbox "
+                             "--json --profile rootless -- sh -c 'ulimit -n'"])
+
+    cp = run("ulimit -Sn 50; ulimit -Hn 60")
+    r = json.loads(cp.stdout)
+    assert cp.returncode == 125 and r["status"] == "setup_error", (cp.stdout, cp.stderr)
+    assert "open_files" in r["error"] and "hard limit of 60" in r["error"], r["error"]
+    assert "likely cause" not in r["error"], r["error"]  # the cause is known, not guessed
+    cp = run("ulimit -Sn 50")
+    r = json.loads(cp.stdout)
+    assert (cp.returncode, r["status"], r["stdout"]) == (0, "ok", "256\n"), (cp.stdout, cp.stderr)

@@ -35,6 +35,48 @@ def fixed() -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+_may_raise: list[bool] = []  # once per process: whether we hold CAP_SYS_RESOURCE
+
+
+def may_raise_hard_limits() -> bool:
+    """Root with CAP_SYS_RESOURCE may set a limit above its own hard one; nobody else may
+    (a user namespace's root neither: the check is against the initial namespace)."""
+    if not _may_raise:
+        import os
+
+        held = False
+        if os.geteuid() == 0:
+            try:
+                with open("/proc/self/uid_map") as f:  # the initial namespace maps every uid to itself
+                    initial = f.read().split() == ["0", "0", "4294967295"]
+                with open("/proc/self/status") as f:
+                    eff = next((line.split()[1] for line in f if line.startswith("CapEff:")), "0")
+                held = initial and bool(int(eff, 16) >> 24 & 1)  # CAP_SYS_RESOURCE
+            except (OSError, ValueError):
+                held = True  # root, unreadable /proc: let setrlimit answer
+        _may_raise.append(held)
+    return _may_raise[0]
+
+
+def ceiling(name: str) -> int | None:
+    """The highest value of limit `name` this process can give a child, or None: any."""
+    if may_raise_hard_limits():
+        return None
+    hard = resource.getrlimit(NAMES[name])[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def beyond_reach(limits: tuple[tuple[str, int], ...]) -> str | None:
+    """Why one of `limits` cannot be set here (above our hard limit, which only
+    CAP_SYS_RESOURCE raises), or None. Checked before the run: the child would fail with EPERM."""
+    for name, value in limits:
+        top = ceiling(name)
+        if top is not None and value > top:
+            return (f"{name} = {value} is above this process's hard limit of {top}, which only "
+                    f"CAP_SYS_RESOURCE may raise: lower the profile's {name}, or raise the hard limit (ulimit -H)")
+    return None
+
+
 def apply(limits: tuple[tuple[str, int], ...]) -> None:
     for name, value in limits:
         resource.setrlimit(NAMES[name], (value, value))

@@ -69,9 +69,10 @@ def _spawn_stage(path: str, mode: str, program: bytes, fds: dict[int, int], *, p
 def _file_actions(where: dict[int, int], temps: list[int]) -> list[tuple[int, ...]]:
     """dup2 actions putting each fd of `where` at its number; the copies they need go in `temps`."""
     actions: list[tuple[int, ...]] = []
+    above = max(where) + 1  # not a round 64: a caller whose soft RLIMIT_NOFILE is 50 has no fd 64
     for target, src in sorted(where.items()):
         # Each source first goes above every target, so no dup2 overwrites a later source.
-        high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, 64)
+        high = fcntl.fcntl(src, _F_DUPFD_CLOEXEC, above)
         temps.append(high)
         actions.append((os.POSIX_SPAWN_DUP2, high, target))
     return actions
