@@ -313,10 +313,24 @@ def cmd_run(argv: list[str]) -> int:
         for t in through:  # what a slow reader had no room for yet, now that the run is over
             t.finish()
         line = explain(res)
-        if line:
-            sys.stderr.write(line + "\n")
+        hint = _subcommand_hint(argv, cmd, res)
+        if line or hint:
+            sys.stderr.write("".join(x + "\n" for x in (line, hint) if x))
             sys.stderr.flush()
     return exit_code_for(res)
+
+
+def _subcommand_hint(argv: list[str], cmd: list[str], res: Any) -> str:
+    """`sandboxrun lsit` runs a command `lsit` (any first word that is no subcommand is the
+    command); when it is not found and it looks like a subcommand, say which."""
+    if res.exit_code != 127 or not argv or not cmd or argv[0] != cmd[0] or "/" in cmd[0]:
+        return ""
+    if res.error != f"{cmd[0]}: command not found":
+        return ""
+    import difflib
+
+    close = difflib.get_close_matches(cmd[0], SUBCOMMANDS, n=1, cutoff=0.7)
+    return f"sandboxrun: did you mean `sandboxrun {close[0]}`? ({cmd[0]!r} ran as the command)" if close else ""
 
 
 def cmd_check(argv: list[str]) -> int:

@@ -334,3 +334,13 @@ def test_a_closed_stderr_keeps_the_commands_exit_code() -> None:
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                        preexec_fn=lambda: os.close(2), timeout=60)
     assert p.returncode == 4 and p.stdout == b"", p
+
+
+def test_a_mistyped_subcommand_gets_a_hint(isolated) -> None:
+    """Any first word that is no subcommand is the command (`sandboxrun make test`), so
+    `sandboxrun lsit` ran `lsit`: not found, it now names the subcommand it looks like."""
+    r = cli("lsit")
+    assert r.returncode == 127 and b"did you mean `sandboxrun list`?" in r.stderr, r.stderr
+    for args in (("--", "lsit"), ("frobnicate",), ("--json", "lsit")):  # after --, not close, or a Result
+        r = cli(*args)
+        assert r.returncode == 127 and b"did you mean" not in r.stderr + r.stdout, (args, r.stderr)
