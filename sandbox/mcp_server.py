@@ -154,7 +154,9 @@ class Tools:
               name: str | None = None) -> dict[str, Any]:
         from . import sessions
 
-        s = self._call(sessions.start, command, shell=True, pty=pty, name=name, **self._kw(timeout))
+        # ends_with_caller: they are killed on close(), and by their monitors if we are SIGKILLed
+        s = self._call(sessions.start, command, shell=True, pty=pty, name=name, ends_with_caller=True,
+                       **self._kw(timeout))
         with self._lock:
             if not self._closing:
                 self.started.append(s.id)

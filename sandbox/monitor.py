@@ -108,6 +108,7 @@ class Monitor:
         self.prof: Any = None
         self.logs: dict[str, CappedLog] = {}
         self.pidfd: int | None = None
+        self.caller_fd: int | None = None  # ends_with_caller: the starter's pidfd (-1: it has ended)
         self.pid: int | None = None  # the sandbox's child (its init), unreaped while we run it
         self.master: int | None = None
         self.slave: int | None = None
@@ -248,8 +249,18 @@ class Monitor:
         self._set_meta(state="running", pid=seen, pid_start=proc_starttime(seen), started_at=time.time())
         threading.Thread(target=self._serve, daemon=True).start()
         threading.Thread(target=self._announce, args=(seen,), daemon=True).start()
+        if self.caller_fd is not None:
+            threading.Thread(target=self._end_with_caller, daemon=True).start()
         if self.kill_requested:
             threading.Thread(target=self._kill, daemon=True).start()
+
+    def _end_with_caller(self) -> None:
+        """Kill the sandbox once the process that started it has ended, however it ended
+        (an MCP server SIGKILLed cannot remove its sessions itself)."""
+        if self.caller_fd is not None and self.caller_fd >= 0:
+            select.select([self.caller_fd], [], [])  # readable: the caller has exited
+        if not self.ended.is_set():
+            self._kill()
 
     def _finish(self, res: Result) -> None:
         lim = self.prof.limits
@@ -441,16 +452,39 @@ class Monitor:
                 self.stdin_w = None
 
 
+def _caller_pidfd(sdir: str) -> int | None:
+    """For a session that ends with its caller (start(ends_with_caller=True)): a pidfd of the
+    starter, our parent until we detach, or -1 when it is gone already. Taken before the fork,
+    and kept only while the starter is still our parent: then the pidfd cannot name a stranger
+    that reused its pid."""
+    req = read_json(os.path.join(sdir, "request.json")) or {}
+    if not req.get("ends_with_caller"):
+        return None
+    parent = os.getppid()
+    if parent == 0:  # the starter is in an ancestor pid namespace: no number of it to watch
+        return None
+    try:
+        fd = os.pidfd_open(parent)
+    except OSError:
+        return -1
+    if os.getppid() != parent or parent != req.get("caller_pid"):
+        os.close(fd)
+        return -1
+    return fd
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
         print("usage: python -m sandbox.monitor SESSION_DIR READY_FD (started by sandboxrun start)", file=sys.stderr)
         return 2
     sdir, ready_fd = os.path.abspath(argv[0]), int(argv[1])
+    caller = _caller_pidfd(sdir)
     if os.fork():
         os._exit(0)  # the starter reaps this one; the monitor goes on, reparented
     os.umask(0o077)
     os.set_inheritable(ready_fd, False)
     mon = Monitor(sdir, ready_fd)
+    mon.caller_fd = caller
     code = 0
     try:
         mon.run()

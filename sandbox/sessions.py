@@ -1005,6 +1005,7 @@ def start(
     stdin: bytes | str | None = None,
     stdin_file: str | None = None,
     trace: bool = False,
+    ends_with_caller: bool = False,
     **overrides: Any,
 ) -> Session:
     """Start `command` in a sandbox under its own monitor and return once it runs.
@@ -1012,6 +1013,8 @@ def start(
     Same isolation and limits as sandbox.run; the wall timeout is the profile's
     (or `timeout`; 0 = none where the profile allows it). stdin stays an open pipe
     for Session.write unless `stdin` (bytes) or `stdin_file` gives fixed input.
+    `ends_with_caller`: the session is killed when this process ends (a server's sessions
+    then go with it even when it is SIGKILLed); by default it outlives its caller.
     Raises SandboxError for bad input, SessionBlocked when the filter refuses it."""
     _check_size(cols, rows)
     if name is not None:
@@ -1044,7 +1047,8 @@ def start(
             for s in list_sessions(sweep=False):
                 if s.name == name and s.state in ("running", "starting"):
                     raise InputError(f"name: session {s.id} named {name!r} is still running")
-        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace)
+        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace,
+                       bool(ends_with_caller))
     finally:
         if names_lock >= 0:
             os.close(names_lock)  # (if _create has not released it already)
@@ -1060,7 +1064,8 @@ def _lock_names(root: str) -> int:
 
 
 def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: bytes | bytearray | None,
-            stdin_file: str | None, pty: bool, cols: int, rows: int, trace: bool) -> Session:
+            stdin_file: str | None, pty: bool, cols: int, rows: int, trace: bool,
+            ends_with_caller: bool = False) -> Session:
     sdir = sid = ""
     for _ in range(32):
         sid = secrets.token_hex(4)
@@ -1084,6 +1089,7 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
         write_json(os.path.join(sdir, "request.json"), {
             "argv": prep.argv, "profile": profile_to_json(prep.profile), "cwd": prep.cwd, "env": prep.env,
             "pty": bool(pty), "cols": cols, "rows": rows, "stdin_file": stdin_file, "trace": bool(trace),
+            "ends_with_caller": ends_with_caller, "caller_pid": os.getpid(),  # the monitor's parent's number
         })
         write_json(os.path.join(sdir, "meta.json"), {
             "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),

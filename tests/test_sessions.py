@@ -790,3 +790,46 @@ def test_an_interrupted_yield_leaves_no_session_running(monkeypatch: pytest.Monk
     assert [s.state for s in sessions.list_sessions(sweep=False)] in ([], ["exited"])
     for s in sessions.list_sessions(sweep=False):
         assert gone(s.pid)
+
+
+@pytest.mark.parametrize("starter", ["library", "mcp"])
+def test_a_session_that_ends_with_its_caller_goes_when_the_caller_is_sigkilled(state: Path, starter: str) -> None:
+    """An MCP server kills its sessions on its way out, but a SIGKILLed one cannot: they ran on.
+    start(ends_with_caller=True) (the server's) has the session's monitor watch its starter."""
+    mark = marker()
+    cmd = f"sleep 300 # {mark}"
+    code = {
+        "library": f"import sandbox; s = sandbox.start({cmd!r}, shell=True, ends_with_caller=True)",
+        "mcp": "from sandbox.mcp_server import Tools; from sandbox.profile import load\n"
+               f"s = Tools(load('strict'), None, RuntimeError).start({cmd!r})",
+    }[starter]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state))
+    p = subprocess.Popen([sys.executable, "-c", f"{code}\nprint('started', flush=True)\nimport time; time.sleep(300)"],
+                         env=env, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"started\n"
+        (s,) = sessions.list_sessions()
+        assert s.state == "running" and leaks.marked(mark)
+        p.kill()
+        p.wait()
+        until(lambda: s.poll().state == "exited", 15, "the session to end with its caller")
+        until(lambda: not leaks.marked(mark), 5, "its processes to be gone")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        end_marked(mark)
+
+
+def test_a_session_outlives_its_caller_by_default(state: Path) -> None:
+    mark = marker()
+    code = f"import sandbox; s = sandbox.start('sleep 300 # {mark}', shell=True); print(s.id, flush=True)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state))
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+        s = sessions.get(out.stdout.decode().strip())
+        time.sleep(0.5)  # what the watcher of a session that ends with its caller would have needed
+        assert s.poll().state == "running" and leaks.marked(mark)
+        s.kill()
+    finally:
+        end_marked(mark)
