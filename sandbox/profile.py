@@ -499,8 +499,9 @@ def _nested_bind_problem(target: str, others: list[str]) -> str | None:
 
 
 def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
-    """A file bound where a directory is bound already (or the other way): its mount would
-    fail at setup (ENOTDIR), naming a staging path instead of this bind."""
+    """A file bound where another bind has a directory (or the other way), or anything bound
+    inside a bound file: its mount would fail at setup (ENOTDIR), naming a staging path
+    instead of this bind."""
     def kind(path: str) -> str | None:
         try:
             return "directory" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
@@ -514,6 +515,8 @@ def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
             if mine and theirs and mine != theirs:
                 return f"{target} is where a {theirs} is bound already ({o.source}): a {mine} cannot go there"
         elif target.startswith(_norm(o.target).rstrip("/") + "/"):  # inside another bind: what is there
+            if kind(o.source) == "file":
+                return f"{target} is inside {_norm(o.target)}, where the file {o.source} is bound: nothing can be bound there"
             below = os.path.join(o.source, os.path.relpath(target, _norm(o.target)))
             mine, theirs = kind(m.source), kind(below)
             if mine and theirs and mine != theirs:
@@ -616,7 +619,9 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
     own_fs = raw.get("filesystem", {}) if own is None else own
     for i, (key, spec, m) in enumerate(binds):
         if view == "private":
-            problem = bind_problem(m.target, workdir) or _kind_clash(m, tuple(b[2] for b in binds[:i]))
+            # against every other bind, before or after it: the mounts' order is not the list's
+            problem = bind_problem(m.target, workdir) or _kind_clash(m, tuple(b[2] for j, b in enumerate(binds)
+                                                                             if j != i))
         else:  # inherited binds (nested extends strict) are unused; the file's own are a mistake
             problem = HOST_VIEW_BIND if spec in own_fs.get(key, ()) else None
         if problem:

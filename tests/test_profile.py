@@ -68,6 +68,14 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     # a file bound where the bind of /usr has a directory: its mount would fail at setup (ENOTDIR)
     ('extends = "strict"\n[filesystem]\nro_bind = ["/etc/hostname:/usr/bin"]',
      "/usr/bin is a directory in the bind of /usr: a file cannot be bound there"),
+    # the same clash with the inner bind listed first (the check looked only at earlier binds)
+    ('[filesystem]\nro_bind = ["/etc/hostname:/opt/a/bin", "/usr:/opt/a"]',
+     "/opt/a/bin is a directory in the bind of /usr: a file cannot be bound there"),
+    # anything inside a bound file, in either order
+    ('[filesystem]\nro_bind = ["/etc/hostname:/opt/a", "/usr:/opt/a/b"]',
+     "/opt/a/b is inside /opt/a, where the file /etc/hostname is bound"),
+    ('[filesystem]\nro_bind = ["/etc/hosts:/opt/a/b", "/etc/hostname:/opt/a"]',
+     "/opt/a/b is inside /opt/a, where the file /etc/hostname is bound"),
 ])
 def test_errors_name_file_key_value(tmp_path, body: str, needle: str) -> None:
     f = tmp_path / "bad.toml"
