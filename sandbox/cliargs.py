@@ -41,11 +41,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
+def add_run_options(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -> None:
+    """The options of `sandboxrun run`, but those named in `without`."""
     from .cli import RUN_DEFAULTS, RUN_OPTIONS, option_attribute
 
     actions = {"value": "store", "list": "append", "flag": "store_true"}
     for names, kind, choices, metavar, help_text in RUN_OPTIONS:
+        if set(names) & set(without):
+            continue
         kw: dict[str, Any] = {"action": actions[kind], "help": help_text}
         if choices is not None:
             kw["choices"] = choices

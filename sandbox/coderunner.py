@@ -325,7 +325,7 @@ def main(argv: list[str]) -> int:
                 description="Run a Python script, one function of it, or one statement, in the sandbox. "
                             "With --function, each ARG is passed as JSON when it parses (1, true, [1,2]), "
                             "else as a string; the return value is printed as JSON on the last line.")
-    add_run_options(p)
+    add_run_options(p, without=("--shell",))  # a script is no shell command line
     g = p.add_mutually_exclusive_group()
     g.add_argument("--function", "-f", metavar="NAME", help="import SCRIPT and call NAME(*ARGS)")
     g.add_argument("--statement", "-s", metavar="EXPR", help="run EXPR in SCRIPT's namespace, print its value")
@@ -334,8 +334,6 @@ def main(argv: list[str]) -> int:
     head, sep, tail = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, False, [])
     ns = p.parse_intermixed_args(head)
-    if ns.shell:
-        p.error("--shell does not apply to python")
     args: list[Any] = [*ns.args, *tail] if sep else list(ns.args)
     if ns.function is not None:
         args = [_cli_value(a) for a in args]
@@ -345,6 +343,11 @@ def main(argv: list[str]) -> int:
 
         kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")
         os.set_blocking(kw["stdin_fd"], True)
+    else:
+        from .cli import _passes_stdin
+
+        if _passes_stdin():
+            kw["stdin_from"] = 0  # `echo x | sandboxrun python s.py`, as `sandboxrun -- cmd` does
     from . import supervisor
 
     supervisor.use_direct_forker()  # the CLI is single-threaded: fork from here

@@ -169,3 +169,17 @@ def test_cli(calc: Path) -> None:
     assert r.returncode == 1 and "ValueError" in r.stderr
     r = cli("nope.py", cwd=calc.parent)
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_passes_its_stdin_on_as_run_does(tmp_path: Path) -> None:
+    """`echo data | sandboxrun python s.py` gave the script an empty stdin."""
+    (tmp_path / "rd.py").write_text("import sys\nprint(repr(sys.stdin.read()))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "sandbox", "python", "rd.py"], input="data\n", capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=env)
+    assert (r.returncode, r.stdout) == (0, "'data\\n'\n"), r.stderr
+
+
+def test_cli_help_lists_no_option_it_refuses(tmp_path: Path) -> None:
+    r = cli("--help", cwd=tmp_path)
+    assert r.returncode == 0 and "--memory" in r.stdout and "--shell" not in r.stdout, r.stdout
