@@ -100,8 +100,9 @@ def _load_profile(profile: str | Profile) -> Profile:
     return profile if isinstance(profile, Profile) else load(profile)
 
 
-def scan(text: str, prof: Profile) -> str | None:
-    """The first `[filter] scan` pattern that matches `text`, as a reason; None when none does."""
+def scan(text: str, prof: Profile, what: str = "script") -> str | None:
+    """The first `[filter] scan` pattern that matches `text` (the script, or a statement), as
+    a reason naming the line of it; None when none does."""
     from .linear_regex import compile_pattern
 
     for i, pattern in enumerate(prof.scan):
@@ -112,7 +113,7 @@ def scan(text: str, prof: Profile) -> str | None:
         m = rx.search(text)
         if m:
             line = text.count("\n", 0, m.start()) + 1
-            return f"script matches content-scan pattern {pattern!r} (line {line})"
+            return f"{what} matches content-scan pattern {pattern!r} (line {line})"
     return None
 
 
@@ -237,7 +238,7 @@ def run_python(
     token = "sbxret" + secrets.token_hex(8)
     argv = _argv(target, args, function, statement, token)
     if prof.scan:
-        reason = scan(data.decode(errors="replace") + ("\n" + statement if statement else ""), prof)
+        reason = scan(data.decode(errors="replace"), prof) or (scan(statement, prof, "statement") if statement else None)
         if reason:
             return _blocked(_shown(argv), prof, reason, started)
     from .hostpaths import remove_tree

@@ -146,6 +146,8 @@ def test_content_scan_blocks_with_reason(calc: Path, tmp_path: Path) -> None:
     assert r.status == "ok"  # no match: `os.system` is not in the text
     r = run_python(calc, statement="import os; os.system('id')", profile=str(prof))
     assert r.status == "blocked"
+    # the statement's own line, not one counted past the script's end
+    assert r.block_reason == "statement matches content-scan pattern 'os\\\\.system' (line 1)", r.block_reason
     assert run_python(calc, [1, 2], function="add", profile=str(prof)).return_value == 3
     assert run_code("import socket", profile=str(prof)).status == "blocked"
 
