@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from . import strictjson
 from .errors import InputError, SandboxError
@@ -31,6 +31,9 @@ from .isolation.cgroups import Slots
 from .profile import Profile, load
 from .record import field, fields, record
 from .result import Result
+
+if TYPE_CHECKING:
+    from .supervisor import Cancel
 
 # What a request may carry besides the command: sandbox.run's own arguments and its
 # single-setting overrides. Callback and fd arguments (on_stdout, stdin_fd) are left
@@ -121,7 +124,8 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
     return rid, d
 
 
-def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None) -> BatchItem:
+def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
+             cancel: Cancel | None = None) -> BatchItem:
     from .supervisor import run
 
     if isinstance(req, _Invalid):
@@ -134,7 +138,7 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None) -
             return BatchError(pos, f"id: nested more than {MAX_DEPTH - 1} levels deep (arrays and objects)", pos)
         if kw.get("profile") is None:
             kw["profile"] = profile
-        res = run(kw.pop("command"), cgroup_slots=slots, **kw)
+        res = run(kw.pop("command"), cgroup_slots=slots, cancel=cancel, **kw)
     except SandboxError as e:
         return BatchError(pos, str(e), pos if rid is None else rid)
     except Exception as e:  # noqa: BLE001 - one broken request must not end the batch
@@ -160,7 +164,8 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
     BatchError per request: in input order, or as they finish with `ordered=False`.
 
     `requests` may be any iterable, including a generator: it is consumed lazily.
-    Closing the iterator early cancels what has not started and waits for what has.
+    Closing the iterator early cancels what has not started and kills what runs (its result
+    is not wanted), returning once those sandboxes are gone.
     """
     workers = _positive(concurrency)
     prof = profile if isinstance(profile, Profile) else load(profile)  # a bad profile fails now, not per line
@@ -170,16 +175,22 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
 
 
 def _stream(items: Iterator[tuple[int, Any]], workers: int, ordered: bool, prof: Profile) -> Iterator[BatchItem]:
+    from .supervisor import Cancel
+
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
     slots = Slots()  # the CPU and pids cgroups, kept from one run to the next (isolation/cgroups.py)
+    cancel = Cancel()  # an early end (close, break, Ctrl-C) kills what runs: its results are not wanted
     try:
         if ordered:
-            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof, slots)
+            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof, slots, cancel)
         else:
-            yield from _unordered(pool, items, workers * 2, prof, slots)
+            yield from _unordered(pool, items, workers * 2, prof, slots, cancel)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)  # what has not started never will
+        cancel.cancel()  # (a no-op for runs that all ended: the batch is over)
+        pool.shutdown(wait=True)
         slots.close()
+        cancel.close()
 
 
 def _pull(items: Iterator[tuple[int, Any]], failed: list[BaseException]) -> tuple[int, Any] | None:
@@ -194,7 +205,7 @@ def _pull(items: Iterator[tuple[int, Any]], failed: list[BaseException]) -> tupl
 
 
 def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-             prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
+             prof: Profile, slots: Slots | None = None, cancel: Cancel | None = None) -> Iterator[BatchItem]:
     pending: collections.deque[Future[BatchItem]] = collections.deque()
     failed: list[BaseException] = []
     more = True
@@ -204,7 +215,7 @@ def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window:
             if nxt is None:
                 more = False
             else:
-                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
+                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel))
         if not pending:
             if failed:
                 raise failed[0]
@@ -213,7 +224,7 @@ def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window:
 
 
 def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-               prof: Profile, slots: Slots | None = None) -> Iterator[BatchItem]:
+               prof: Profile, slots: Slots | None = None, cancel: Cancel | None = None) -> Iterator[BatchItem]:
     running: set[Future[BatchItem]] = set()
     failed: list[BaseException] = []
     more = True
@@ -223,7 +234,7 @@ def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], windo
             if nxt is None:
                 more = False
             else:
-                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof, slots))
+                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel))
         if not running:
             if failed:
                 raise failed[0]
@@ -423,10 +434,10 @@ def main(argv: list[str]) -> int:
                 _drop_output(out)
                 if not isinstance(e, BrokenPipeError):  # the reader went away (| head): stop quietly
                     _say(f"sandboxrun: error: stdout cannot be written: {e.strerror or e}")  # ENOSPC (> /dev/full)
-                return 1  # the rest of the results are lost; the runs started are waited for below
+                return 1  # the rest of the results are lost; the runs under way are killed below
             progress.update(item)
     finally:
-        results.close()  # cancels what has not started, waits for what has
+        results.close()  # cancels what has not started, kills what runs
         progress.close()
         if src is not sys.stdin.buffer:
             src.close()

@@ -128,6 +128,7 @@ class Request:
     on_started: Callable[[int], None] | None = None  # called with the init's host pid once the command runs
     forward_all: bool = False  # on_stdout/on_stderr get every byte, not only the captured ones
     cgroup_slots: cgroups.Slots | None = None  # a batch's: the CPU and pids cgroups, reused run after run
+    cancel: Cancel | None = None  # run_async's, a batch's: kills the run from another thread
 
 
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
@@ -720,6 +721,30 @@ def _drain_report(rep_r: int, report: _Report) -> None:
         report.feed(data)
 
 
+class Cancel:
+    """Ends runs from another thread: after cancel(), each run given it (one, or a batch's
+    all) has its sandbox killed at once (SIGKILL, the whole tree) and returns, `error`
+    saying so. Its fd stays readable, so a run supervised later is killed as it starts."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.cancelled = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            os.write(self._w, b"x")
+
+    def close(self) -> None:
+        """Once no run uses it any more."""
+        for fd in (self._r, self._w):
+            os.close(fd)
+        self._r = self._w = -1
+
+
 class _Poller:
     """epoll, each fd under a name (the selectors module costs ~3 ms of a CLI call to import)."""
 
@@ -762,6 +787,9 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     if watch_report:
         sel.register(rep_r, "report")
     sel.register(launched.pidfd, "exit")
+    cancelled = False
+    if req.cancel is not None:
+        sel.register(req.cancel.fileno(), "cancel")
     stdin_data = memoryview(req.stdin or b"")
     source: StdinSource | None = None
     file_copy: FileCopy | None = None
@@ -846,6 +874,14 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                 elif what == "exit":
                     sel.unregister(launched.pidfd)
                     exited_at = time.monotonic()
+                elif what == "cancel":
+                    assert req.cancel is not None
+                    sel.unregister(req.cancel.fileno())
+                    if exited_at is None:
+                        cancelled = report.killed = True
+                        kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
+                        if cg is not None:
+                            cg.kill_all()
                 elif what == "source":
                     assert source is not None
                     chunk = source.read()
@@ -918,6 +954,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     res.isolation.landlock_abi = report.landlock_abi
     res.isolation.uid = report.uid  # set only when the child fell back to another uid
     _classify(res, report, lim)
+    if cancelled:
+        res.error = "cancelled by the caller: the sandbox was killed"
     return res
 
 
@@ -1016,6 +1054,9 @@ def run(
     cgroup_slots = overrides.pop("cgroup_slots", None)
     if cgroup_slots is not None and not isinstance(cgroup_slots, cgroups.Slots):
         raise InputError(f"cgroup_slots: expected sandbox.isolation.cgroups.Slots, got {type(cgroup_slots).__name__}")
+    cancel = overrides.pop("cancel", None)
+    if cancel is not None and not isinstance(cancel, Cancel):
+        raise InputError(f"cancel: expected sandbox.supervisor.Cancel, got {type(cancel).__name__}")
     prof = profile if isinstance(profile, Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
     argv = to_argv(command, shell)
@@ -1040,5 +1081,6 @@ def run(
                           duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd, stdin_from=stdin_from,
-                  on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots)
+                  on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots,
+                  cancel=cancel)
     return execute(req)

@@ -151,7 +151,7 @@ def test_input_is_streamed_and_closing_stops_the_batch(isolated, tmp_path: Path)
 
     it = run_many(endless(), concurrency=2)
     first = list(itertools.islice(it, 3))
-    it.close()  # cancels what has not started, waits for what has
+    it.close()  # cancels what has not started, kills what runs
     assert [r.id for r in first] == [1, 2, 3] and all(r.status == "ok" for r in first), first
     submitted = next(pulled)
     assert submitted <= 3 + 2 * 4  # bounded window, never the whole input
@@ -159,6 +159,37 @@ def test_input_is_streamed_and_closing_stops_the_batch(isolated, tmp_path: Path)
     ran = (tmp_path / "ran").read_text().count("x")
     # the 3 taken, one more finished meanwhile, 2 running at the close: not the queued ones
     assert ran <= 3 + 1 + 2 < submitted, (ran, submitted)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_an_early_end_kills_the_runs_under_way(isolated, ordered: bool) -> None:
+    """Closing the iterator (a break, an exception, Ctrl-C in the consumer) waited for every
+    run already under way, up to its timeout: their results are not wanted, they are killed."""
+    import threading
+
+    from conftest import marker
+
+    from sandbox import leaks
+
+    mark = marker()
+    reqs = [{"command": "echo quick", "shell": True},
+            {"command": f"sleep 300 # {mark}", "shell": True, "timeout": 120}]
+    it = run_many(reqs, concurrency=2, ordered=ordered)
+    try:
+        first = next(it)
+        assert first.stdout == "quick\n", first
+        deadline = time.monotonic() + 30  # a bound, not a benchmark
+        while not leaks.marked(mark):
+            assert time.monotonic() < deadline, "the second run never started"
+            time.sleep(0.02)
+        closer = threading.Thread(target=it.close)
+        closer.start()
+        closer.join(60)  # it waited out the run (120 s) before
+        assert not closer.is_alive(), "close() waited for the run under way"
+        assert not leaks.marked(mark)
+    finally:
+        for p in leaks.marked(mark):
+            os.kill(p.pid, 9)
 
 
 _STRESS = """

@@ -191,6 +191,46 @@ def test_asyncio(isolated) -> None:
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
 
 
+def test_cancelling_run_async_kills_the_sandbox(isolated) -> None:
+    """asyncio.to_thread could not stop the run: a cancelled task's sandbox ran on, holding a
+    worker of the loop's executor (and asyncio.run's exit) until its timeout."""
+    mark = marker()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(sandbox.run_async(["sh", "-c", f"sleep 300 # {mark}"], timeout=20))
+        with_deadline = time.monotonic() + 30  # a bound, not a benchmark
+        while not leaks.marked(mark):
+            assert time.monotonic() < with_deadline, "the sandbox never started"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)
+        assert not leaks.marked(mark)  # gone before the cancellation reached us
+
+    try:
+        asyncio.run(main())
+    finally:
+        for p in leaks.marked(mark):
+            os.kill(p.pid, 9)
+
+
+def test_run_async_runs_are_not_held_to_the_loops_executor(isolated, tmp_path) -> None:
+    """Each waits for the other's file: with one worker (the default executor's few, here
+    one) the second never starts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def waits_for(name: str, then: str) -> list[str]:
+        return ["sh", "-c", f"touch {then}; i=0; while [ ! -e {name} ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); "
+                f"done; [ -e {name} ]"]
+
+    async def main() -> list[sandbox.Result]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        return await asyncio.gather(sandbox.run_async(waits_for("b", "a"), cwd=str(tmp_path)),
+                                    sandbox.run_async(waits_for("a", "b"), cwd=str(tmp_path)))
+
+    assert [r.status for r in asyncio.run(main())] == ["ok", "ok"]
+
+
 def test_result_json_matches_schema_fields(isolated) -> None:
     import json
     from pathlib import Path
