@@ -310,11 +310,16 @@ def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_EXTENDS = 32  # profiles in one `extends` chain, the file's own included
+
+
 def _load_raw(path: str, seen: tuple[str, ...] = (), raw: dict[str, Any] | None = None) -> dict[str, Any]:
     path = os.path.realpath(path)
     if path in seen:
         chain = " -> ".join(os.path.basename(p) for p in (*seen, path))
         raise ProfileError(f"'extends' forms a cycle: {chain}", source=str(path), key="extends")
+    if len(seen) >= MAX_EXTENDS:  # (a chain of ~1000 overflowed the recursion)
+        raise ProfileError(f"'extends' chains more than {MAX_EXTENDS} profiles", source=str(path), key="extends")
     raw = _read_toml(path) if raw is None else raw
     parent_ref = raw.get("extends")
     if parent_ref is None:

@@ -94,6 +94,18 @@ def test_extends_cycle(tmp_path) -> None:
         load(str(tmp_path / "a.toml"))
 
 
+def test_a_long_extends_chain_is_a_named_error(tmp_path) -> None:
+    """A chain of 1000 files raised RecursionError (an internal error at the CLI)."""
+    from sandbox.profile import MAX_EXTENDS
+
+    (tmp_path / "c0.toml").write_text('extends = "strict"\n')
+    for i in range(1, 1000):
+        (tmp_path / f"c{i}.toml").write_text(f'extends = "./c{i - 1}.toml"\n')
+    assert load(str(tmp_path / f"c{MAX_EXTENDS - 2}.toml")).limits.memory == load("strict").limits.memory
+    with pytest.raises(ProfileError, match=f"chains more than {MAX_EXTENDS} profiles"):
+        load(str(tmp_path / "c999.toml"))
+
+
 def test_unknown_profile_lists_builtins() -> None:
     with pytest.raises(ProfileError, match="unknown profile.*strict"):
         load("nonesuch")
