@@ -941,8 +941,10 @@ def derive_name(argv: Sequence[str]) -> str:
 
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= 64 or "/" in name \
-            or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InputError(f"name: expected 1-64 printable characters without '/', got {name!r}")
+            or any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
+        # (a lone surrogate, a byte of a non-UTF-8 argument, could not be written in meta.json's UTF-8)
+        raise InputError(f"name: expected 1-64 printable characters without '/', got {shown}")
     if name in (".", ".."):  # get() refuses them (path components): the session could not be found
         raise InputError(f"name: {name!r} cannot name a session; choose another")
     if ID_RE.match(name):

@@ -87,6 +87,16 @@ def test_start_write_poll_wait() -> None:
     assert sessions.list_sessions() == []
 
 
+@pytest.mark.parametrize("name", ["\ud800x", "a\udcff", "x" * 5000])
+def test_a_name_that_is_no_text_or_too_long_is_refused_in_one_short_line(name: str) -> None:
+    """A lone surrogate (`start --name $'\\xff'`) was taken as a name; a 5000-character one
+    was echoed whole in the error."""
+    with pytest.raises(InputError, match="1-64 printable characters") as e:
+        sandbox.start(["true"], name=name)
+    assert len(str(e.value)) < 200, str(e.value)
+    assert sessions.list_sessions() == []
+
+
 def test_concurrent_starts_of_one_name_start_it_once() -> None:
     import threading
 
