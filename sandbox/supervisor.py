@@ -729,20 +729,24 @@ class Cancel:
     def __init__(self) -> None:
         self._r, self._w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.cancelled = False
+        self._lock = _thread.allocate_lock()  # cancel() and close() come from different threads
 
     def fileno(self) -> int:
         return self._r
 
     def cancel(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            os.write(self._w, b"x")
+        with self._lock:
+            if not self.cancelled and self._w >= 0:  # (closed: every run it served has ended)
+                self.cancelled = True
+                os.write(self._w, b"x")
 
     def close(self) -> None:
         """Once no run uses it any more."""
-        for fd in (self._r, self._w):
-            os.close(fd)
-        self._r = self._w = -1
+        with self._lock:
+            for fd in (self._r, self._w):
+                if fd >= 0:
+                    os.close(fd)
+            self._r = self._w = -1
 
 
 class _Poller:
