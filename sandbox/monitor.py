@@ -452,12 +452,11 @@ class Monitor:
                 self.stdin_w = None
 
 
-def _caller_pidfd(sdir: str) -> int | None:
+def _caller_pidfd(req: dict[str, Any]) -> int | None:
     """For a session that ends with its caller (start(ends_with_caller=True)): a pidfd of the
     starter, our parent until we detach, or -1 when it is gone already. Taken before the fork,
     and kept only while the starter is still our parent: then the pidfd cannot name a stranger
     that reused its pid."""
-    req = read_json(os.path.join(sdir, "request.json")) or {}
     if not req.get("ends_with_caller"):
         return None
     parent = os.getppid()
@@ -478,13 +477,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m sandbox.monitor SESSION_DIR READY_FD (started by sandboxrun start)", file=sys.stderr)
         return 2
     sdir, ready_fd = os.path.abspath(argv[0]), int(argv[1])
-    caller = _caller_pidfd(sdir)
+    mon = Monitor(sdir, ready_fd)  # reads the session's files (one thread still: fork-safe)
+    mon.caller_fd = _caller_pidfd(mon.req)  # before the fork: the starter is our parent until then
     if os.fork():
         os._exit(0)  # the starter reaps this one; the monitor goes on, reparented
     os.umask(0o077)
     os.set_inheritable(ready_fd, False)
-    mon = Monitor(sdir, ready_fd)
-    mon.caller_fd = caller
     code = 0
     try:
         mon.run()
