@@ -249,18 +249,20 @@ def lstat_through_real_dirs(given: str, what: str) -> os.stat_result:
         os.close(fd)
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: str) -> OSError | None:
     """Remove `path` and all in it by directory fds: never through a symbolic link, never
     outside `path`, even while what is in it changes (in a shared /tmp, anyone may try to
     swap a directory for a link mid-way); directories made unreadable are chmod-ed through
     the fd of what was opened, never by path. Without recursion, and with at most
     MAX_OPEN_DEPTH directories open: a run can leave a chain of any depth (`mkdir a; cd a`
-    in a loop), and a deeper part is moved up to `path` itself to be removed from there."""
+    in a loop), and a deeper part is moved up to `path` itself to be removed from there.
+    What stopped it (a mount point, a read-only filesystem) is returned, not raised: as much
+    as could be removed is."""
     parent, name = os.path.split(os.path.normpath(path))
     try:
         pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
+    except OSError as e:
+        return e
     try:
         top = _open_entry(pfd, name)
         if top is not None:
@@ -269,10 +271,11 @@ def remove_tree(path: str) -> None:
             finally:
                 os.close(top)
             os.rmdir(name, dir_fd=pfd)
-    except OSError:
-        pass  # as much as could be removed (a mount point, a read-only filesystem)
+    except OSError as e:
+        return e
     finally:
         os.close(pfd)
+    return None
 
 
 MAX_OPEN_DEPTH = 64

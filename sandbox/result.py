@@ -113,3 +113,57 @@ class Result:
         d["isolation"] = None if iso is None else Isolation(**iso)
         known = cls.__record_names__
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_stored(cls, data: bytes) -> Result:
+        """A Result as to_json wrote it (a session's result.json), checked against
+        result.schema.json first: ValueError naming the first field that is not as written."""
+        import json
+
+        d = json.loads(data)  # ValueError (JSONDecodeError, UnicodeDecodeError) if not JSON
+        with open(_SCHEMA, "rb") as f:
+            problem = schema_problem(d, json.load(f))
+        if problem:
+            raise ValueError(problem)
+        try:
+            return cls.from_dict(d)
+        except TypeError as e:  # a usage or isolation key the records do not have
+            raise ValueError(str(e)) from None
+
+
+_SCHEMA = __file__.rsplit("/", 1)[0] + "/result.schema.json"
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "integer": (int,), "number": (int, float),
+    "boolean": (bool,), "null": (type(None),),
+}
+
+
+def schema_problem(value: Any, schema: dict[str, Any], where: str = "") -> str | None:
+    """The first way `value` breaks `schema` (the part of JSON Schema the package's schemas
+    use: type, enum, required, properties, additionalProperties, items), else None."""
+    at = f"{where}: " if where else ""
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else types
+        if not any(isinstance(value, _JSON_TYPES[n]) and (n in ("boolean", "null") or not isinstance(value, bool))
+                   for n in names):
+            return f"{at}expected {' or '.join(names)}, got {value!r:.60}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{at}{value!r:.60} is not one of {', '.join(map(str, schema['enum']))}"
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                return f"{at}{key} is missing"
+        props = schema.get("properties", {})
+        for key, item in value.items():
+            sub = props.get(key, schema.get("additionalProperties"))
+            if isinstance(sub, dict):
+                problem = schema_problem(item, sub, f"{where}.{key}" if where else key)
+                if problem:
+                    return problem
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            problem = schema_problem(item, schema["items"], f"{where}[{i}]")
+            if problem:
+                return problem
+    return None

@@ -144,6 +144,8 @@ def write_json(path: str, data: Any) -> None:
 
 
 def read_bytes(path: str) -> bytes | None:
+    """The file's bytes; None if there is none. OSError if it cannot be read (a directory in
+    its place is EISDIR: opened read-only, it is refused only on read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -153,14 +155,37 @@ def read_bytes(path: str) -> bytes | None:
 
 
 def read_json(path: str) -> dict[str, Any] | None:
-    data = read_bytes(path)
-    if not data:
-        return None
+    """A JSON object from `path`; None if there is none or it cannot be read as one."""
     try:
-        out = json.loads(data)
-    except ValueError:
+        data = read_bytes(path)
+        out = json.loads(data) if data else None
+    except (OSError, ValueError):
         return None
     return out if isinstance(out, dict) else None
+
+
+_INT, _NUM, _OPT_NUM = (int,), (int, float), (int, float, type(None))
+# What the starter and the monitor write to meta.json, by type (see _create and monitor.py).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "name": (str,), "command": (list,), "pty": (bool,), "profile": (str,), "state": (str,),
+    "log_token": (str,), "isolation": (dict,), "created": _NUM, "started_at": _NUM, "ended_at": _NUM,
+    "kill_grace": _NUM, "timeout": _OPT_NUM, "starter_pid": _INT, "starter_start": _INT, "monitor_pid": _INT,
+    "monitor_start": _INT, "pid": _INT, "pid_start": _INT, "pid_ns": _INT, "proc_dev": _INT,
+}
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """meta.json as its readers rely on it: a field of another type than is ever written
+    there (the file edited by hand) is left out, as if not written yet; a TypeError later,
+    in whichever command reads it, would say nothing of where the fault is."""
+    out = {}
+    for key, value in (read_json(path) or {}).items():
+        types = _META_TYPES.get(key)
+        if types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+                                  or (key == "command" and not all(isinstance(a, str) for a in value))):
+            continue
+        out[key] = value
+    return out
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -231,11 +256,14 @@ def _rmtree(path: str) -> None:
     link the run planted, whatever its depth (hostpaths.remove_tree)."""
     from .hostpaths import remove_tree
 
+    error = None
     for _ in range(10):  # a poll of another process may make poll.offset again meanwhile
-        remove_tree(path)
+        error = remove_tree(path)
         if not os.path.lexists(path):
             return
         time.sleep(0.01)
+    if error is not None:  # the first thing that stopped it (EROFS, EACCES, EBUSY), not ENOTEMPTY
+        raise OSError(error.errno, f"cannot remove the session folder {path}: {error.strerror}")
     raise OSError(errno.ENOTEMPTY, f"cannot remove the session folder {path}")
 
 
@@ -321,6 +349,19 @@ def read_log(path: str, token: str) -> tuple[int, bytes]:
         if end > 0 and num.isdigit():
             return int(num), data[end + 1:]
     return 0, data
+
+
+def _poll_offsets(blob: bytes) -> dict[str, int]:
+    """Where the last poll stopped, per stream. A position that is not a whole number >= 0
+    (the file edited by hand) counts as 0, the start: output again, never a false report of
+    dropped bytes or an error."""
+    try:
+        stored = json.loads(blob or b"{}")
+    except ValueError:
+        stored = {}
+    if not isinstance(stored, dict):
+        return {}
+    return {k: v for k, v in stored.items() if k in _STREAMS and type(v) is int and v >= 0}
 
 
 def _incomplete_utf8(data: bytes) -> int:
@@ -456,7 +497,7 @@ class Session:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return read_json(self._path("meta.json")) or {}
+        return read_meta(self._path("meta.json"))
 
     @property
     def name(self) -> str:
@@ -521,17 +562,34 @@ class Session:
             pass
         return "lost"
 
+    def _stored_result(self) -> Result | None:
+        """The Result its monitor wrote (atomically), None before it has. One that cannot be
+        read back (edited by hand, a directory in its place) is a `lost` Result that says so:
+        never "still running" (it has ended), never a traceback."""
+        try:
+            data = read_bytes(self._path("result.json"))
+            if data is None:
+                return None
+            return Result.from_stored(data)
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            return self._lost_result(f"the session ended, but its result.json cannot be read back ({why})")
+
     @property
     def result(self) -> Result | None:
         """The final Result once it ended; a `lost` Result when its monitor died."""
-        d = read_json(self._path("result.json"))
-        if d is None:
+        res = self._stored_result()
+        if res is None:
             st = self.state
-            d = read_json(self._path("result.json")) if st == "exited" else None
-            if st != "lost" and d is None:
+            res = self._stored_result() if st == "exited" else None
+            if st != "lost" and res is None:
                 return None
-        if d is not None:
-            return Result.from_dict(d)
+        if res is not None:
+            return res
+        return self._lost_result("the session's monitor died (killed?); its sandbox died with it; "
+                                 "output so far is kept")
+
+    def _lost_result(self, error: str) -> Result:
         m = self.meta
         out, out_total = self._tail("stdout", 1 << 20)
         err, err_total = self._tail("stderr", 1 << 20)
@@ -540,8 +598,7 @@ class Session:
             profile=m.get("profile", ""), stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"),
             stdout_bytes=out_total, stderr_bytes=err_total, stdout_truncated=out_total > len(out),
             stderr_truncated=err_total > len(err),
-            error="the session's monitor died (killed?); its sandbox died with it; output so far is kept",
-            isolation=_known_isolation(m),
+            error=error, isolation=_known_isolation(m),
             duration_ms=round((m.get("ended_at", time.time()) - m.get("started_at", m.get("created", 0))) * 1000, 3),
         )
 
@@ -588,16 +645,10 @@ class Session:
         """Output written since the last poll (by any process), and whether it ended."""
         st = self.state  # first: if it had ended, every byte is in the logs already
         ended = st in ("exited", "lost")
-        try:
-            fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:  # removed (by another process) since its state was read
-            raise InputError(f"session {self.id} has been removed") from None
+        fd = self._open_poll_offset()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                offsets = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                offsets = {}
+            offsets = _poll_offsets(os.pread(fd, 4096, 0))
             out: dict[str, str] = {}
             lost = 0
             for stream in _STREAMS:
@@ -605,7 +656,7 @@ class Session:
                     out[stream] = ""
                     continue
                 dropped, data = self._read_log(stream)
-                off = int(offsets.get(stream, 0))
+                off = offsets.get(stream, 0)
                 lost += max(0, dropped - off)
                 chunk = data[max(off, dropped) - dropped:]
                 if not ended:
@@ -620,13 +671,23 @@ class Session:
         return PollResult(self.id, st, ended, out["stdout"], out["stderr"], lost,
                           self.result if ended else None)
 
+    def _open_poll_offset(self) -> int:
+        """poll.offset, where the last poll stopped (shared by every process that polls)."""
+        try:
+            return os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # removed (by another process) since its state was read
+            raise InputError(f"session {self.id} has been removed") from None
+        except OSError as e:  # a read-only state directory: a poll that cannot move on would repeat
+            raise SandboxError(f"session {self.id}: cannot keep the poll position in {self.dir} ({e.strerror}); "
+                               "`sandboxrun log` reads its output without one") from None
+
     def _mark_seen(self) -> None:
         """Move the poll position to the end of what is written now."""
         offsets = {}
         for stream in _STREAMS:
             dropped, data = self._read_log(stream)
             offsets[stream] = dropped + len(data)
-        fd = os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = self._open_poll_offset()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.ftruncate(fd, 0)
@@ -807,7 +868,10 @@ class Session:
         if st in ("running", "starting"):
             raise InputError(f"session {self.id} is still running; `sandboxrun remove {self.id}` "
                              "kills and forgets it")
-        _rmtree(self.dir)
+        try:
+            _rmtree(self.dir)
+        except OSError as e:  # a read-only state directory, say: named, never an internal error
+            raise SandboxError(f"session {self.id}: {e.strerror or e}") from None
         if st == "lost":
             _sweep_cgroups()
 
@@ -1137,7 +1201,7 @@ def _spawn_monitor(sdir: str) -> None:
         os.close(r)
     if status in (b"R", b"E"):
         return
-    m = read_json(os.path.join(sdir, "meta.json")) or {}
+    m = read_meta(os.path.join(sdir, "meta.json"))
     if status == b"T":
         _kill_if(m.get("monitor_pid"), m.get("monitor_start"))  # its sandbox dies with it
     log = (read_bytes(os.path.join(sdir, "monitor.log")) or b"").decode(errors="replace").strip().splitlines()
@@ -1162,7 +1226,7 @@ def _read_ready(fd: int, timeout: float) -> bytes:
 
 
 def _abandon(sdir: str) -> None:
-    m = read_json(os.path.join(sdir, "meta.json")) or {}
+    m = read_meta(os.path.join(sdir, "meta.json"))
     _kill_if(m.get("monitor_pid"), m.get("monitor_start"))
     try:
         _rmtree(sdir)
