@@ -242,44 +242,47 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
 
         return call
 
+    # Every parameter strict: pydantic's lax mode would take "timeout": true as 1 s, "pty": "yes" or
+    # "eof": 1 as true, and 2.0 as a line number; a tool error naming the field is what the model
+    # needs instead. (Arguments the tool does not have are dropped by the SDK before they reach us.)
     T = Annotated  # short alias for the schemas below
-    Cmd = T[str, Field(description="Shell command line, run with /bin/sh -c inside the sandbox, e.g. 'ls -la | head'")]
-    Timeout = T[float | None, Field(description=(
+    Cmd = T[str, Field(strict=True, description="Shell command line, run with /bin/sh -c inside the sandbox, e.g. 'ls -la | head'")]
+    Timeout = T[float | None, Field(strict=True, description=(
         f"Wall-clock limit in seconds (default {prof.limits.timeout or 'none'}; at most "
         f"{prof.limits.max_timeout or 'the profile limit'}). On timeout the whole process tree is killed."))]
-    Sid = T[str, Field(description="Session id returned by start (see list)")]
+    Sid = T[str, Field(strict=True, description="Session id returned by start (see list)")]
 
     async def run_command(command: Cmd, timeout: Timeout = None,
-                          stdin: T[str | None, Field(description="Text fed to the command's stdin")] = None,
-                          env: T[dict[str, str] | None, Field(description="Extra environment variables")]
+                          stdin: T[str | None, Field(strict=True, description="Text fed to the command's stdin")] = None,
+                          env: T[dict[str, str] | None, Field(strict=True, description="Extra environment variables")]
                           = None) -> dict[str, Any]:
         return await threaded(tools.run_command)(command=command, timeout=timeout, stdin=stdin, env=env)
 
     async def run_python(
-        code: T[str | None, Field(description="Python source to run (python3 -c CODE); "
+        code: T[str | None, Field(strict=True, description="Python source to run (python3 -c CODE); "
                                   "give this or `script`")] = None,
-        script: T[str | None, Field(description="Path of a .py file in the workspace, relative to "
+        script: T[str | None, Field(strict=True, description="Path of a .py file in the workspace, relative to "
                                     "it; give this or `code`")] = None,
-        args: T[list[Any] | None, Field(description="Arguments: sys.argv[1:] for code/script "
+        args: T[list[Any] | None, Field(strict=True, description="Arguments: sys.argv[1:] for code/script "
                                         "(strings), or the function's arguments (any JSON values)")] = None,
-        function: T[str | None, Field(description="With `script`: import it and call this function "
+        function: T[str | None, Field(strict=True, description="With `script`: import it and call this function "
                                       "with `args`; its return value comes back in return_value")] = None,
-        statement: T[str | None, Field(description="With `script`: run this statement or expression "
+        statement: T[str | None, Field(strict=True, description="With `script`: run this statement or expression "
                                        "in the script's namespace; an expression's value comes back in "
                                        "return_value")] = None,
         timeout: Timeout = None,
-        stdin: T[str | None, Field(description="Text fed to the program's stdin")] = None,
+        stdin: T[str | None, Field(strict=True, description="Text fed to the program's stdin")] = None,
     ) -> dict[str, Any]:
         return await threaded(tools.run_python)(code=code, script=script, args=args, function=function,
                                                 statement=statement, timeout=timeout, stdin=stdin)
 
-    async def check_command(command: T[str, Field(description="Shell command line to check")]) -> dict[str, Any]:
+    async def check_command(command: T[str, Field(strict=True, description="Shell command line to check")]) -> dict[str, Any]:
         return await threaded(tools.check_command)(command=command)
 
     async def start(command: Cmd, timeout: Timeout = None,
-                    pty: T[bool, Field(description="Give the command a terminal (needed for send_keys and "
+                    pty: T[bool, Field(strict=True, description="Give the command a terminal (needed for send_keys and "
                                        "interactive programs such as shells, REPLs, editors)")] = False,
-                    name: T[str | None, Field(description="Optional name to remember it by")] = None,
+                    name: T[str | None, Field(strict=True, description="Optional name to remember it by")] = None,
                     ) -> dict[str, Any]:
         return await threaded(tools.start)(command=command, timeout=timeout, pty=pty, name=name)
 
@@ -290,21 +293,21 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
         return await threaded(tools.poll)(session_id=session_id)
 
     async def log(session_id: Sid,
-                  offset: T[int | None, Field(description="First line to show, 0-based (default: the last "
+                  offset: T[int | None, Field(strict=True, description="First line to show, 0-based (default: the last "
                                               "`limit` lines)")] = None,
-                  limit: T[int | None, Field(description="At most this many lines (default 200)")] = None,
-                  stream: T[str, Field(description="'output' (both streams interleaved), 'stdout' or "
+                  limit: T[int | None, Field(strict=True, description="At most this many lines (default 200)")] = None,
+                  stream: T[str, Field(strict=True, description="'output' (both streams interleaved), 'stdout' or "
                                        "'stderr'")] = "output",
                   ) -> dict[str, Any]:
         return await threaded(tools.log)(session_id=session_id, offset=offset, limit=limit, stream=stream)
 
-    async def write(session_id: Sid, data: T[str, Field(description="Text to write to the session's stdin "
+    async def write(session_id: Sid, data: T[str, Field(strict=True, description="Text to write to the session's stdin "
                                                         "(include '\\n' to end a line)")],
-                    eof: T[bool, Field(description="Close stdin after writing")] = False,
+                    eof: T[bool, Field(strict=True, description="Close stdin after writing")] = False,
                     ) -> dict[str, Any]:
         return await threaded(tools.write)(session_id=session_id, data=data, eof=eof)
 
-    async def send_keys(session_id: Sid, keys: T[list[str], Field(description="Key names or text, in order, e.g. "
+    async def send_keys(session_id: Sid, keys: T[list[str], Field(strict=True, description="Key names or text, in order, e.g. "
                                                                   "['ls', 'Enter'] or ['C-c']")]) -> dict[str, Any]:
         return await threaded(tools.send_keys)(session_id=session_id, keys=keys)
 

@@ -1082,6 +1082,9 @@ def start(
     `ends_with_caller`: the session is killed when this process ends (a server's sessions
     then go with it even when it is SIGKILLed); by default it outlives its caller.
     Raises SandboxError for bad input, SessionBlocked when the filter refuses it."""
+    for label, flag in (("shell", shell), ("pty", pty), ("trace", trace), ("ends_with_caller", ends_with_caller)):
+        if not isinstance(flag, bool):  # "no" and "false" are true to Python
+            raise InputError(f"{label}: expected True or False, got {flag!r}")
     _check_size(cols, rows)
     if name is not None:
         _check_name(name)
@@ -1113,8 +1116,7 @@ def start(
             for s in list_sessions(sweep=False):
                 if s.name == name and s.state in ("running", "starting"):
                     raise InputError(f"name: session {s.id} named {name!r} is still running")
-        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace,
-                       bool(ends_with_caller))
+        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace, ends_with_caller)
     finally:
         if names_lock >= 0:
             os.close(names_lock)  # (if _create has not released it already)

@@ -235,6 +235,14 @@ def test_a_session_name_that_could_not_be_found_again(state: Path, name: str) ->
     assert not state.exists() or sessions.list_sessions() == []
 
 
+@pytest.mark.parametrize("flag", ["shell", "pty", "trace", "ends_with_caller"])
+def test_a_session_flag_as_text_is_refused(state: Path, flag: str) -> None:
+    # As sandbox.run: "no" and "false" are true to Python, and were taken as True.
+    with pytest.raises(InputError, match=f"{flag}: expected True or False, got 'no'"):
+        sessions.start("true", **{flag: "no"})
+    assert not state.exists() or sessions.list_sessions() == []
+
+
 def test_cli_start_name_dotdot(state: Path) -> None:
     assert_clean_error(cli("start", "--name", "..", "--", "true"), "name")
 

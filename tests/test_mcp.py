@@ -119,6 +119,25 @@ def test_errors_are_tool_errors_with_the_reason(tmp_path: Path) -> None:
     with_server(tmp_path, body)
 
 
+def test_arguments_of_another_type_are_refused_not_coerced(tmp_path: Path) -> None:
+    # pydantic's lax mode took "timeout": true as 1 s, "pty": "yes" and "eof": 1 as true,
+    # and a line number 2.0 as 2: each ran something other than what was asked.
+    async def body(s: ClientSession) -> None:
+        for tool, args, field in (("run_command", {"command": "true", "timeout": True}, "timeout"),
+                                  ("run_command", {"command": "true", "timeout": "1"}, "timeout"),
+                                  ("start", {"command": "true", "pty": "yes"}, "pty"),
+                                  ("write", {"session_id": "x", "data": "a", "eof": 1}, "eof"),
+                                  ("log", {"session_id": "x", "offset": 2.0}, "offset"),
+                                  ("run_python", {"code": "pass", "args": "ab"}, "args")):
+            res = await s.call_tool(tool, args)
+            assert is_error(res) and field in text(res), (tool, args, text(res))
+        assert structured(await s.call_tool("list", {}))["sessions"] == []  # the "yes" pty started nothing
+        res = await s.call_tool("run_command", {"command": "true", "timeout": 5})  # an int is a number
+        assert not is_error(res) and structured(res)["status"] == "ok"
+
+    with_server(tmp_path, body)
+
+
 def test_run_python_code_script_function(tmp_path: Path) -> None:
     (tmp_path / "calc.py").write_text("def add(a, b):\n    print('adding')\n    return a + b\n")
 
