@@ -125,6 +125,22 @@ def _mounts() -> dict[int, tuple[str, str, str]]:
     return out
 
 
+def filesystem_type(fd: int) -> str | None:
+    """The type of the filesystem the file open at `fd` is on ("ext4", "proc"), from its
+    mount (fdinfo's mnt_id in mountinfo); None where that cannot be read."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            mnt_id = next(line.split()[1] for line in f if line.startswith("mnt_id:"))
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                head, _, tail = line.partition(" - ")
+                if head.split(" ", 1)[0] == mnt_id:
+                    return tail.split()[0]
+    except (OSError, StopIteration, IndexError):
+        pass
+    return None
+
+
 def _fs_location(fd: int, path: str, mounts: dict[int, tuple[str, str, str]]) -> tuple[str, str] | None:
     """(device, path within its filesystem) of the file open at `fd`, reached as `path`: where
     a bind mount really shows (`mount --bind /usr/local /srv/x`: /srv/x/bin is /usr/local/bin)."""

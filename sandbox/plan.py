@@ -14,6 +14,12 @@ from .record import field, record
 # namespace SIGKILL, since the namespace dies with its init.
 PARENT_GONE = 64
 SANDBOX_UID = 1000  # a rootless run's uid/gid in its own user namespace
+# Every setup step the child marks (child.py's mark(), the native stage's Program.step()), in
+# order: where SANDBOXRUN_FAIL_STEP may inject a failure. (A setup_error may also name steps
+# of the supervisor's own, such as user_namespace.)
+STEPS = ("session", "pdeathsig", "cgroup", "cgroup_namespace", "namespaces", "pid_namespace", "template",
+         "filesystem", "network", "hostname", "rlimits", "fds", "cwd", "identity", "capabilities",
+         "no_new_privs", "landlock", "landlock_enforce", "seccomp", "exec")
 
 
 @record

@@ -176,6 +176,8 @@ def resolve_path(ref: str, relative_to: str | None = None) -> str:
             return p
         if why.startswith("cannot read"):  # an unusable SANDBOXRUN_PROFILE_PATH entry: try the next
             skipped.append(f"{d}: {why.split(': ', 1)[1]}")
+        elif not why.startswith("no such"):  # a directory or FIFO by that name: never a later one instead
+            raise ProfileError(f"{p} {why}", key="profile", value=ref)
     note = f"; skipped {'; '.join(skipped)}" if skipped else ""
     raise ProfileError(f"unknown profile (built-in: {', '.join(builtin_names())}){note}", key="profile", value=ref)
 

@@ -84,6 +84,11 @@ def state_dir() -> str:
         else:
             path = f"/tmp/sandboxrun-{os.geteuid()}"
     path = os.path.abspath(path)
+    from .hostpaths import SHARED_TREES, SYSTEM_TREES
+
+    if path == "/" or path in SYSTEM_TREES or path in SHARED_TREES:
+        raise SandboxError(f"state directory {path}: a directory of the host's own; sessions need one of "
+                           "theirs (set SANDBOXRUN_STATE_DIR to a new directory's path)")
     try:
         if os.environ.get("SANDBOXRUN_STATE_DIR"):  # the caller's: it must exist, not appear on a typo
             os.mkdir(path, 0o700)
@@ -100,6 +105,9 @@ def state_dir() -> str:
     if st.st_uid != os.geteuid():
         raise SandboxError(f"state directory {path}: owned by uid {st.st_uid}, not by you "
                            f"(uid {os.geteuid()}); set SANDBOXRUN_STATE_DIR")
+    if st.st_mode & 0o022:  # another user could plant a session folder there, whose pids we would kill
+        raise SandboxError(f"state directory {path}: writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                           "it must be yours alone (chmod go-w, or set SANDBOXRUN_STATE_DIR)")
     return path
 
 
@@ -1029,8 +1037,9 @@ def _prepare(command: Any, profile: Any, timeout: Any, cwd: Any, env: Any, shell
              overrides: dict[str, Any]) -> _Prepared:
     """Everything a foreground run checks, here in the caller so errors reach it as errors."""
     from . import profile as profiles
-    from .supervisor import build_env, check_size, to_argv
+    from .supervisor import build_env, check_environment, check_size, to_argv
 
+    check_environment()  # the monitor's, which it inherits: an error here, not a failed monitor
     started = time.time()
     prof = profile if isinstance(profile, profiles.Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)

@@ -26,7 +26,7 @@ from .isolation import cgroups
 from .isolation.filesystem import ViewSpec, view_binds
 from .isolation.syscalls import NAMESPACE_FLAGS
 from .output import Capture
-from .plan import PARENT_GONE, SANDBOX_UID, RunPlan
+from .plan import PARENT_GONE, SANDBOX_UID, STEPS, RunPlan
 from .profile import Profile
 from .record import field, record, replace
 from .result import Isolation, Result, Usage
@@ -129,6 +129,23 @@ class Request:
     forward_all: bool = False  # on_stdout/on_stderr get every byte, not only the captured ones
     cgroup_slots: cgroups.Slots | None = None  # a batch's: the CPU and pids cgroups, reused run after run
     cancel: Cancel | None = None  # run_async's, a batch's: kills the run from another thread
+
+
+_SWITCHES = ("SANDBOXRUN_TRACE", "SANDBOXRUN_NATIVE", "SANDBOXRUN_NO_TEMPLATE")
+
+
+def check_environment() -> None:
+    """The caller's debugging switches: a value that means nothing is an InputError, never a
+    guess (to a test for "0", SANDBOXRUN_NATIVE=false would mean on; a mistyped
+    SANDBOXRUN_FAIL_STEP would inject nothing while the test believes it did)."""
+    env = os.environ
+    for name in _SWITCHES:
+        value = env.get(name)
+        if value and value not in ("0", "1"):
+            raise InputError(f"{name}={value[:40]!r}: expected 1 (on) or 0 (off)")
+    step = env.get("SANDBOXRUN_FAIL_STEP")
+    if step is not None and step not in STEPS:
+        raise InputError(f"SANDBOXRUN_FAIL_STEP={step[:40]!r}: not a setup step; expected one of {', '.join(STEPS)}")
 
 
 def to_argv(command: str | Sequence[str], shell: bool) -> list[str]:
@@ -1043,6 +1060,7 @@ def run(
     for name, value in (("shell", shell), ("trace", overrides.get("trace", False))):
         if not isinstance(value, bool):  # "no" and "false" are true to Python
             raise InputError(f"{name}: expected True or False, got {value!r}")
+    check_environment()
     trace = overrides.pop("trace", False) or os.environ.get("SANDBOXRUN_TRACE") == "1"
     on_stdout = overrides.pop("on_stdout", None)
     on_stderr = overrides.pop("on_stderr", None)

@@ -127,6 +127,18 @@ def test_an_unusable_profile_path_entry_is_skipped(tmp_path: Path, monkeypatch: 
         profile.load("nosuch")
 
 
+def test_a_profile_name_that_is_not_a_file_in_the_path_is_named(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A directory named mine.toml read as "unknown profile", and one named strict.toml let the
+    # built-in strict be used instead, with no word of what the caller had put there.
+    (tmp_path / "mine.toml").mkdir()
+    (tmp_path / "strict.toml").mkdir()
+    monkeypatch.setenv("SANDBOXRUN_PROFILE_PATH", str(tmp_path))
+    for name in ("mine", "strict"):
+        with pytest.raises(ProfileError, match=f"{tmp_path / name}.toml is a directory, not a profile file"):
+            profile.load(name)
+
+
 def test_an_unusable_profile_path_entry_does_not_break_a_cli_run(tmp_path: Path) -> None:
     r = cli("--", "true", env={"SANDBOXRUN_PROFILE_PATH": str(tmp_path / LONG)})
     text = r.stderr.decode(errors="replace")
@@ -151,11 +163,27 @@ def test_a_profile_that_is_not_a_regular_file(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- 3. state directory
 
 
-@pytest.mark.parametrize("where", ["/proc", "/sys"])
-def test_a_state_directory_that_takes_no_folders(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+@pytest.mark.parametrize("where", ["/proc", "/sys", "/", "/tmp", "/run", "/var"])
+def test_a_state_directory_of_the_hosts_own_is_refused(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    # "/" was taken: one folder per session made at the host's root.
     monkeypatch.setenv("SANDBOXRUN_STATE_DIR", where)
     with pytest.raises(SandboxError, match=f"state directory {where}"):
-        sessions.start(["true"])
+        sessions.list_sessions()
+    if where in ("/proc", "/sys"):  # (a start elsewhere, were the check missing, would make a folder there)
+        with pytest.raises(SandboxError, match=f"state directory {where}"):
+            sessions.start(["true"])
+
+
+def test_a_state_directory_others_may_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Anyone could plant a session folder there, naming pids that `list` would then judge and kill.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(shared))
+    with pytest.raises(SandboxError, match="writable by others .mode 1777."):
+        sessions.list_sessions()
+    shared.chmod(0o755)
+    assert sessions.list_sessions() == []
 
 
 # ---------------------------------------------------------------------------- 4. MCP tools
@@ -290,6 +318,52 @@ def test_cli_start_with_a_bad_uid_lock_is_an_input_error(state: Path, value: str
     r = cli("start", "--", "true", env={"SANDBOXRUN_UID_LOCK": value})
     assert_clean_error(r, needle)
     assert not state.exists() or not [p for p in state.iterdir() if p.is_dir()]  # no session was made
+
+
+@pytest.mark.parametrize("value", ["/proc/self/status", "/proc/self/attr/current"])
+def test_uid_lock_on_a_kernel_filesystem_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    # /proc/self/status is another file in each process: its locks would be no one else's.
+    if not os.path.exists(value):
+        pytest.skip(f"no {value} here")
+    monkeypatch.setenv("SANDBOXRUN_UID_LOCK", value)
+    with pytest.raises(InputError, match=r"SANDBOXRUN_UID_LOCK=.*a file of the kernel's \(proc\)"):
+        uids._open_lock_file()
+
+
+# ---------------------------------------------------------------------------- 8b. debugging switches
+
+
+@pytest.mark.parametrize("name, value, needle", [
+    ("SANDBOXRUN_NATIVE", "false", "expected 1 .on. or 0 .off."),  # was: native on, as if "1"
+    ("SANDBOXRUN_NATIVE", "no", "expected 1"),
+    ("SANDBOXRUN_TRACE", "yes", "expected 1"),  # was: no trace, silently
+    ("SANDBOXRUN_NO_TEMPLATE", "true", "expected 1"),
+    ("SANDBOXRUN_FAIL_STEP", "sekcomp", "not a setup step; expected one of session,"),  # was: nothing injected
+])
+def test_a_debugging_switch_that_means_nothing_is_named(monkeypatch: pytest.MonkeyPatch, state: Path, name: str,
+                                                        value: str, needle: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(InputError, match=f"{name}='{value}': {needle}"):
+        sandbox.run(["true"])
+    with pytest.raises(InputError, match=f"{name}='{value}'"):
+        sessions.start(["true"])  # in the caller, not as a monitor that failed
+    assert_clean_error(cli("--", "true"), f"{name}='{value}'")
+    monkeypatch.setenv(name, "0" if name != "SANDBOXRUN_FAIL_STEP" else "exec")
+    assert sandbox.run(["true"]).status in ("ok", "nonzero_exit")  # a valid value still runs (or fails at exec)
+
+
+def test_every_step_the_child_marks_is_a_known_step() -> None:
+    # plan.STEPS is what SANDBOXRUN_FAIL_STEP accepts: a step added to either child but not to
+    # it could not be injected at.
+    import re
+
+    from sandbox.plan import STEPS
+
+    src = ROOT / "sandbox"
+    marked = set(re.findall(r'\bmark\("([a-z_]+)"\)', (src / "child.py").read_text()))
+    stepped = set(re.findall(r'\.step\("([a-z_]+)"\)', "".join(
+        p.read_text() for p in (src / "native").glob("*.py"))))
+    assert marked and stepped and marked | stepped == set(STEPS), (marked | stepped) ^ set(STEPS)
 
 
 # ---------------------------------------------------------------------------- 9. bytes that are not UTF-8

@@ -94,7 +94,21 @@ def _open_lock_file() -> int:
         os.close(fd)
         raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: not a regular file (the uid lock file must be one "
                          "that only sandboxrun locks)")
+    from ..hostpaths import filesystem_type
+
+    kind = filesystem_type(fd)
+    if kind in KERNEL_FILESYSTEMS:  # /proc/self/status: another file in each process, locks unshared
+        os.close(fd)
+        raise InputError(f"SANDBOXRUN_UID_LOCK={given!r}: a file of the kernel's ({kind}), not one that every "
+                         "run shares; give a file on a disk or tmpfs")
     return fd
+
+
+# Filesystems whose files the kernel makes up (per process, per reader): never a shared lock.
+KERNEL_FILESYSTEMS = frozenset((
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "bpf", "pstore",
+    "efivarfs", "fusectl", "devpts", "mqueue", "nsfs", "binfmt_misc", "hugetlbfs", "autofs",
+))
 
 
 def check_lock_file() -> None:
