@@ -220,7 +220,13 @@ def test_ready_network_namespaces_are_dropped_in_a_forked_caller() -> None:
     from sandbox import supervisor
 
     ready = supervisor._native.netns
-    assert ready is not None and ready.wait_ready() and ready.fds()
+    assert ready is not None
+    for _ in range(50):  # ready ones: a run still ending in another thread may have taken the last
+        ready.refill()
+        assert ready.wait_ready() and not ready.broken, ready.broken
+        if ready.fds():
+            break
+    assert ready.fds()
     pid = os.fork()
     if pid == 0:  # the child must not hand out namespaces its parent also holds
         try:
@@ -358,11 +364,19 @@ def test_a_batch_without_a_parent_namespace_uses_namespaces_made_ahead(monkeypat
         return fd
 
     monkeypatch.setattr(network.ReadyNamespaces, "take", take)
+    from sandbox import supervisor
+
+    sandbox.run(["/bin/true"])
+    ready = supervisor._native.netns
+    assert ready is not None and ready.wait_ready() and not ready.broken
+    taken.clear()
     cmd = ["readlink", "/proc/self/ns/net"]
     rs = list(sandbox.run_many([{"command": cmd}] * 4, concurrency=2))
     seen = [r.stdout.strip() for r in rs]
     assert all(r.status == "ok" for r in rs) and len(set(seen)) == 4, rs
-    assert len(taken) == 4 and all(fd >= 0 for fd in taken), taken  # made ahead, not by the stage
+    # Made ahead, not by the stage: those ready before the batch surely (a later one may find the
+    # refilling thread behind on a loaded host, and the stage then makes its own, as it should).
+    assert len(taken) == 4 and all(fd >= 0 for fd in taken[:ready.size]), taken
     with open("/proc/self/ns/net"):
         assert os.readlink("/proc/self/ns/net") not in seen
 
