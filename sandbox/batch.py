@@ -408,7 +408,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--unordered", action="store_true", help="print each result as soon as it is done")
     p.add_argument("--concurrency", "-j", type=int, help=f"runs at once (default: CPUs, {os.cpu_count()})")
     p.add_argument("--profile", "-p", default="strict", help="profile for lines that name none (default: strict)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
     ns = p.parse_args(argv)
     workers = _positive(ns.concurrency)
     prof = load(ns.profile)

@@ -369,7 +369,7 @@ def cmd_profiles(argv: list[str]) -> int:
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", action="store_true")
-    ns = p.parse_args(argv)
+    ns = p.parse_intermixed_args(argv)  # `profiles show --json NAME` as `profiles show NAME --json`
     from .profile import builtin_names, load
 
     if ns.action == "list" and ns.name is not None:
@@ -454,7 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None:
         _std_fds()
-    debug = "--debug" in args
+    # sandboxrun's own option only: after `--` the words are the command's (`-- grep --debug`).
+    debug = "--debug" in (args[:args.index("--")] if "--" in args else args)
     if args[:1] not in (["batch"], ["mcp"]):  # batch stops when its reader goes; mcp's stdout is its protocol
         _quiet_stdout()
     if args[:1] in (["-h"], ["--help"]):
@@ -487,16 +488,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("sandboxrun: interrupted" + ("; sandbox torn down" if owns else ""), file=sys.stderr)
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
-        if debug:
-            raise
+        _traceback_if(debug)
         print(f"sandboxrun: error: {e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - a CLI answers with one line, not a traceback
-        if debug:
-            raise
-        print(f"sandboxrun: internal error: {type(e).__name__}: {e} (rerun with --debug for details)",
-              file=sys.stderr)
+        _traceback_if(debug)
+        print(f"sandboxrun: internal error: {type(e).__name__}: {e}" + ("" if debug else
+              " (rerun with --debug for details)"), file=sys.stderr)
         return EXIT_SANDBOX
+
+
+def _traceback_if(debug: bool) -> None:
+    """--debug: the traceback too, above the same one line and the same exit code."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 class _Terminated(KeyboardInterrupt):

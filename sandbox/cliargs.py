@@ -30,10 +30,17 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, width=int(cols) if cols.isdigit() else 100)
 
 
+DEBUG_HELP = "show the traceback of an error too (same message, same exit code)"
+
+
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kw: Any) -> None:
+    """Every subcommand's parser: sandboxrun's usage errors (exit 2), and --debug, which
+    cli.main reads (before `--`) for whichever subcommand runs."""
+
+    def __init__(self, *args: Any, debug_help: str = DEBUG_HELP, **kw: Any) -> None:
         kw.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kw)
+        self.add_argument("--debug", action="store_true", help=debug_help)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -47,7 +54,7 @@ def add_run_options(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -
 
     actions = {"value": "store", "list": "append", "flag": "store_true"}
     for names, kind, choices, metavar, help_text in RUN_OPTIONS:
-        if set(names) & set(without):
+        if set(names) & {*without, "--debug"}:  # (--debug: every Parser has it)
             continue
         kw: dict[str, Any] = {"action": actions[kind], "help": help_text}
         if choices is not None:

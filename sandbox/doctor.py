@@ -16,7 +16,6 @@ here, 1 otherwise.
 
 from __future__ import annotations
 
-import argparse
 import errno as E
 import json
 import os
@@ -438,7 +437,9 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sandboxrun doctor",
+    from .cliargs import Parser
+
+    p = Parser(prog="sandboxrun doctor",
                                 description="Probe each isolation layer with a real trivial sandbox and say "
                                             "which profiles can run here. Exit 0 when strict can.")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

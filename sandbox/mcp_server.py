@@ -358,11 +358,11 @@ def main(argv: list[str]) -> int:
     from .cliargs import Parser
 
     p = Parser(prog="sandboxrun mcp", usage="sandboxrun mcp [--profile P] [--workspace DIR]",
+               debug_help="log at DEBUG level on stderr, and show the traceback of an error",
                 description="Serve the sandbox as MCP tools over stdio (needs: pip install 'sandboxrun[mcp]').")
     p.add_argument("--profile", "-p", default="strict", help="profile for every run (default: strict)")
     p.add_argument("--workspace", "-w", metavar="DIR",
                    help="host directory bound read-write as the workdir of every run (default: a fresh one each run)")
-    p.add_argument("--debug", action="store_true", help="log at DEBUG level on stderr")
     ns = p.parse_args(argv)
     from .profile import load
 

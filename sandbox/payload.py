@@ -16,7 +16,6 @@ JSON (no NaN or Infinity) nested at most 100 arrays/objects deep.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -512,7 +511,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--file", metavar="FILE", help="read the payload from FILE instead of stdin")
     p.add_argument("--root", metavar="DIR", help="refuse a cwd or scriptPath that resolves outside DIR "
                                                   "(default: the current directory; / for any non-system one)")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)
     # At most one byte over the cap: parse refuses that, and /dev/zero is not read to the end.

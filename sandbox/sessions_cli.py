@@ -28,7 +28,6 @@ def _parser(name: str, description: str, with_id: bool = True) -> argparse.Argum
     if with_id:
         p.add_argument("id", help="session id, name, or unique id prefix")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -162,10 +161,10 @@ def cmd_write(argv: list[str]) -> int:
     p.add_argument("--newline", "-l", action="store_true", help="append a newline")
     p.add_argument("--stdin", action="store_true", help="read the data from this command's stdin")
     p.add_argument("--eof", action="store_true", help="then close the session's stdin")
-    ns = p.parse_args(argv)
-    data = sys.stdin.buffer.read() if ns.stdin else os.fsencode(ns.data)  # the bytes as given, UTF-8 or not
-    if ns.stdin and ns.data:
+    ns = p.parse_intermixed_args(argv)  # `write ID --newline DATA`: options between the two too
+    if ns.stdin and ns.data:  # before reading stdin: on a terminal that would wait for EOF first
         raise InputError("write: give DATA or --stdin, not both")
+    data = sys.stdin.buffer.read() if ns.stdin else os.fsencode(ns.data)  # the bytes as given, UTF-8 or not
     if ns.newline:
         data += b"\n"
     if not data and not ns.eof:

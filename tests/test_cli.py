@@ -344,3 +344,35 @@ def test_a_mistyped_subcommand_gets_a_hint(isolated) -> None:
     for args in (("--", "lsit"), ("frobnicate",), ("--json", "lsit")):  # after --, not close, or a Result
         r = cli(*args)
         assert r.returncode == 127 and b"did you mean" not in r.stderr + r.stdout, (args, r.stderr)
+
+
+# ---------------------------------------------------------------------------- --debug
+
+
+def test_debug_after_the_double_dash_is_the_commands_word() -> None:
+    # `-- echo --debug` switched sandboxrun's debug mode on: a traceback and exit 1 for a bad --cwd.
+    r = cli("--cwd", "/nonexistent", "--", "echo", "--debug")
+    text = r.stderr.decode()
+    assert r.returncode == 2 and "Traceback" not in text, text
+    assert text.strip() == "sandboxrun: error: cwd: no such directory: /nonexistent"
+
+
+def test_debug_adds_a_traceback_and_keeps_the_message_and_exit_code() -> None:
+    r = cli("--debug", "--cwd", "/nonexistent", "--", "true")
+    text = r.stderr.decode()
+    assert r.returncode == 2 and "Traceback" in text, (r.returncode, text)
+    assert text.strip().splitlines()[-1] == "sandboxrun: error: cwd: no such directory: /nonexistent"
+
+
+@pytest.mark.parametrize("argv", [["check", "--debug", "--", "ls"], ["profiles", "--debug"],
+                                  ["profiles", "show", "--debug", "strict"], ["list", "--debug"]])
+def test_every_subcommand_takes_debug(argv: list[str], private_state_dir: Path) -> None:
+    r = cli(*argv)
+    assert r.returncode == 0 and b"unrecognized" not in r.stderr, r.stderr
+    assert b"--debug" in cli(argv[0], "--help").stdout  # and says so in its help
+
+
+def test_options_between_positionals() -> None:
+    # argparse's `?` positional after an option was refused: `profiles show --json strict`.
+    r = cli("profiles", "show", "--json", "strict")
+    assert r.returncode == 0 and json.loads(r.stdout)["name"] == "strict", r.stderr

@@ -511,12 +511,14 @@ def test_cli_server_found_again_from_fresh_processes(contained) -> None:
 
 
 def test_cli_stdin_keys_and_wait() -> None:
-    sid = cli("start", "--", "sh", "-c", "read -r a; echo \"a=$a\"; read -r b; echo \"b=$b\"").stdout.decode().strip()
+    sid = cli("start", "--", "sh", "-c", "read -r a; echo \"a=$a\"; read -r m; echo \"m=$m\"; read -r b; "
+              "echo \"b=$b\"").stdout.decode().strip()
     assert cli("write", sid, "first", "--newline").returncode == 0
+    assert cli("write", sid, "--newline", "between").returncode == 0  # an option between ID and DATA
     assert cli("write", sid, "--stdin", "--eof", stdin=b"second\n").returncode == 0
     r = cli("wait", sid, "--timeout", "20")
     assert r.returncode == 0 and b"ended: ok" in r.stderr
-    assert cli("log", sid).stdout == b"a=first\nb=second\n"
+    assert cli("log", sid).stdout == b"a=first\nm=between\nb=second\n"
     r = cli("send-keys", sid, "Enter")
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"no terminal" in r.stderr
 
