@@ -74,10 +74,10 @@ async def run_async(command: Any, **kwargs: Any) -> Result:
         raise
 
 
-def run_many(requests: Any, **kwargs: Any) -> Any:
+def run_many(requests: Any, concurrency: int | None = None, **kwargs: Any) -> Any:
     from .batch import run_many as _run_many
 
-    return _run_many(requests, **kwargs)
+    return _run_many(requests, concurrency, **kwargs)
 
 
 def start(command: Any, **kwargs: Any) -> Any:

@@ -20,9 +20,10 @@ import collections
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
 from . import strictjson
@@ -174,23 +175,101 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
     return _stream(enumerate(requests, 1), workers, ordered, prof)
 
 
-def _stream(items: Iterator[tuple[int, Any]], workers: int, ordered: bool, prof: Profile) -> Iterator[BatchItem]:
+def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: bool,
+            prof: Profile) -> Iterator[BatchItem]:
+    """The batch: requests in, results out. One loop in the consumer's thread submits what is
+    at hand while the window has room, yields what has ended (in input order when `ordered`),
+    and else sleeps until a run ends or a request comes, a quarter second at most: Python runs
+    signal handlers in this thread only, and a Ctrl-C the kernel gave a worker must not wait
+    for a run to end."""
     from .supervisor import Cancel
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
     slots = Slots()  # the CPU and pids cgroups, kept from one run to the next (isolation/cgroups.py)
     cancel = Cancel()  # an early end (close, break, Ctrl-C) kills what runs: its results are not wanted
+    wake = items.wake if isinstance(items, _Feed) else threading.Event()
+    window = workers * (WINDOW_PER_WORKER if ordered else 2)
+    inflight: collections.deque[Future[BatchItem]] = collections.deque()
+    failed: list[BaseException] = []
+    more = True
+    _register(cancel)
+
+    def ended(_fut: Future[BatchItem]) -> None:
+        wake.set()
+
     try:
-        if ordered:
-            yield from _ordered(pool, items, workers * WINDOW_PER_WORKER, prof, slots, cancel)
-        else:
-            yield from _unordered(pool, items, workers * 2, prof, slots, cancel)
+        while True:
+            wake.clear()  # before looking: what ends from here on wakes the wait below
+            while more and len(inflight) < window:
+                nxt = items.take(failed) if isinstance(items, _Feed) else _pull(items, failed)
+                if nxt is _NOT_YET:
+                    break
+                if nxt is None:
+                    more = False
+                    break
+                fut = pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel)
+                fut.add_done_callback(ended)
+                inflight.append(fut)
+            if ordered:
+                ready = []
+                while inflight and inflight[0].done():
+                    ready.append(inflight.popleft())
+            else:
+                ready = [f for f in inflight if f.done()]
+                for f in ready:
+                    inflight.remove(f)
+            for f in ready:
+                yield f.result()
+            if ready:
+                continue
+            if not inflight and not more:
+                if failed:
+                    raise failed[0]
+                return
+            wake.wait(0.25)
     finally:
+        if isinstance(items, _Feed):
+            items.close()
         pool.shutdown(wait=False, cancel_futures=True)  # what has not started never will
         cancel.cancel()  # (a no-op for runs that all ended: the batch is over)
         pool.shutdown(wait=True)
         slots.close()
         cancel.close()
+        _unregister(cancel)
+
+
+_NOT_YET = object()  # a _Feed with no request at hand yet
+_live: dict[int, Cancel] = {}  # the batches under way: killed at interpreter exit
+_live_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _register(cancel: Cancel) -> None:
+    """A batch left open when the interpreter exits (an iterator never closed) is killed then.
+    Before: its pool's workers, joined at exit, ran every request of the window to its end.
+    The hook runs before concurrent.futures joins them (it is registered after, and these
+    hooks run last first)."""
+    global _atexit_registered
+    with _live_lock:
+        _live[id(cancel)] = cancel
+        if not _atexit_registered:
+            threading._register_atexit(_kill_live)  # type: ignore[attr-defined]
+            _atexit_registered = True
+
+
+def _unregister(cancel: Cancel) -> None:
+    with _live_lock:
+        _live.pop(id(cancel), None)
+
+
+def _kill_live() -> None:
+    with _live_lock:
+        live = list(_live.values())
+    for cancel in live:
+        try:
+            cancel.cancel()
+        except OSError:
+            pass
 
 
 def _pull(items: Iterator[tuple[int, Any]], failed: list[BaseException]) -> tuple[int, Any] | None:
@@ -204,45 +283,97 @@ def _pull(items: Iterator[tuple[int, Any]], failed: list[BaseException]) -> tupl
         return None
 
 
-def _ordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-             prof: Profile, slots: Slots | None = None, cancel: Cancel | None = None) -> Iterator[BatchItem]:
-    pending: collections.deque[Future[BatchItem]] = collections.deque()
-    failed: list[BaseException] = []
-    more = True
-    while True:
-        while more and len(pending) < window:
-            nxt = _pull(items, failed)
-            if nxt is None:
-                more = False
-            else:
-                pending.append(pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel))
-        if not pending:
-            if failed:
-                raise failed[0]
-            return
-        yield pending.popleft().result()
+class _Feed:
+    """Requests read ahead by a thread of their own (the CLI's JSONL input), so that the
+    result of a run that ended is written while the next line has not come: a driver that
+    waits for each result before it sends the next line would otherwise wait for ever.
+    Reads at most `ahead` requests beyond what the batch took."""
+
+    def __init__(self, items: Iterator[tuple[int, Any]], ahead: int, done: Callable[[], None] = lambda: None) -> None:
+        self.wake = threading.Event()
+        self._items, self._ahead, self._done = items, ahead, done
+        self._queue: collections.deque[tuple[int, Any]] = collections.deque()
+        self._room = threading.Condition()
+        self._end = False
+        self._error: BaseException | None = None
+        self._closed = False
+        threading.Thread(target=self._read, name="sandboxrun-batch-input", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for item in self._items:
+                with self._room:
+                    while len(self._queue) >= self._ahead and not self._closed:
+                        self._room.wait()
+                    if self._closed:
+                        return
+                    self._queue.append(item)
+                self.wake.set()
+        except Exception as e:  # noqa: BLE001 - raised in the batch's thread, after the results
+            self._error = e
+        finally:
+            self._done()
+            self._end = True
+            self.wake.set()
+
+    def take(self, failed: list[BaseException]) -> tuple[int, Any] | None | object:
+        """The next request; None at the end (an error reading is added to `failed`); _NOT_YET."""
+        with self._room:
+            if self._queue:
+                item = self._queue.popleft()
+                self._room.notify()
+                return item
+        if not self._end:
+            return _NOT_YET
+        with self._room:  # it may have added a last one just before it ended
+            if self._queue:
+                return self._queue.popleft()
+        if self._error is not None:
+            failed.append(self._error)
+            self._error = None
+        return None
+
+    def close(self) -> None:
+        """No more reading: the thread stops at its next request (a read that blocks is left to
+        the daemon thread; it reads with os.read, holding no lock an exiting interpreter needs)."""
+        with self._room:
+            self._closed = True
+            self._room.notify()
 
 
-def _unordered(pool: ThreadPoolExecutor, items: Iterator[tuple[int, Any]], window: int,
-               prof: Profile, slots: Slots | None = None, cancel: Cancel | None = None) -> Iterator[BatchItem]:
-    running: set[Future[BatchItem]] = set()
-    failed: list[BaseException] = []
-    more = True
-    while True:
-        while more and len(running) < window:
-            nxt = _pull(items, failed)
-            if nxt is None:
-                more = False
-            else:
-                running.add(pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel))
-        if not running:
-            if failed:
-                raise failed[0]
-            return
-        done, running = wait(running, return_when=FIRST_COMPLETED)
-        running = set(running)
-        for fut in done:
-            yield fut.result()
+class _FdLines:
+    """readline() straight from a file descriptor (os.read), for the reading thread: a thread
+    blocked in a buffered file's readline holds its lock, and the interpreter's exit, which
+    closes sys.stdin, would then stop with a fatal error."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd, self.name = fd, name
+        self._buf = bytearray()
+        self._scanned = 0  # of _buf, searched for a newline already
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def readline(self, limit: int) -> bytes:
+        while True:
+            i = self._buf.find(b"\n", self._scanned, limit)
+            if i >= 0 or len(self._buf) >= limit:
+                n = i + 1 if i >= 0 else limit
+                line = bytes(self._buf[:n])
+                del self._buf[:n]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buf)
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError as e:  # EIO, EISDIR: the input's fault, named, after the results so far
+                raise InputError(f"{self.name}: cannot read: {e.strerror or e}") from None
+            if not chunk:
+                line = bytes(self._buf)
+                self._buf.clear()
+                self._scanned = 0
+                return line
+            self._buf += chunk
 
 
 # ---------------------------------------------------------------------------- JSONL
@@ -286,8 +417,15 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             continue
         if not raw.strip():
             continue
+        if b"\0" in raw:  # no JSON text holds a raw NUL; UTF-16 and UTF-32 hold many
+            yield n, _Invalid("not UTF-8 text: NUL bytes (UTF-16 or UTF-32?)")
+            continue
         try:
-            obj = strictjson.loads(raw)
+            # UTF-8 only, decoded here: json.loads of bytes guesses UTF-16 or UTF-32 from the
+            # first bytes, while lines are split at the byte \n. A byte order mark may open the
+            # file, as some editors write one; the line ending goes, so columns count in the line.
+            text = (raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw).decode("utf-8").rstrip("\r\n")
+            obj = strictjson.loads(text)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
             continue
@@ -364,6 +502,17 @@ class Progress:
         except OSError:
             self.enabled = False
 
+    def clear(self) -> None:
+        """Blank the status line (it is drawn again at the next update)."""
+        if self.enabled and self.width:
+            try:
+                self.stream.write("\r" + " " * self.width + "\r")
+                self.stream.flush()
+            except OSError:
+                self.enabled = False
+            self.width = 0
+            self.last = 0.0  # drawn again at once
+
     def close(self) -> None:
         if self.enabled:
             self._draw(time.monotonic())
@@ -422,11 +571,17 @@ def main(argv: list[str]) -> int:
     progress = Progress(sys.stderr, count_requests(src) if shown else None)
     bad = 0
     out = sys.stdout
-    results = _stream(read_jsonl(src), workers, not ns.unordered, prof)
+    same_terminal = progress.enabled and bool(getattr(out, "isatty", lambda: False)())
+    name = "stdin" if src is sys.stdin.buffer else ns.file
+    lines = _FdLines(os.dup(src.fileno()), name)  # its own fd: src is closed below, perhaps mid-read
+    feed = _Feed(read_jsonl(lines), workers * WINDOW_PER_WORKER, done=lines.close)
+    results = _stream(feed, workers, not ns.unordered, prof)
     try:
         for item in results:
             bad += isinstance(item, BatchError)
             try:
+                if same_terminal:
+                    progress.clear()  # a result line never starts after the status line's text
                 out.write(item.to_json() + "\n")
                 out.flush()  # a consumer downstream sees each result as it comes
             except OSError as e:  # only the output's: an error reading the input is not caught here

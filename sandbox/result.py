@@ -98,6 +98,7 @@ class Result:
         d = asdict(self)
         d.pop("stdout_raw")
         d.pop("stderr_raw")
+        d["command"] = [utf8_text(a) for a in d["command"]]
         return d
 
     def to_json(self, **kw: Any) -> str:
@@ -129,6 +130,21 @@ class Result:
             return cls.from_dict(d)
         except TypeError as e:  # a usage or isolation key the records do not have
             raise ValueError(str(e)) from None
+
+
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 text for JSON: bytes that were not UTF-8 (a command line's, kept by
+    surrogateescape in the str) become U+FFFD, as in every other text field. A lone surrogate
+    left in JSON ("\\udcff") is text no strict reader takes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape" if _escaped_only(text) else "replace").decode("utf-8", "replace")
+
+
+def _escaped_only(text: str) -> bool:
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in text)
 
 
 _SCHEMA = __file__.rsplit("/", 1)[0] + "/result.schema.json"

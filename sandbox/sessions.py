@@ -45,7 +45,7 @@ from typing import Any
 from . import record as records
 from .errors import EXIT_SANDBOX, InputError, SandboxError, os_bytes
 from .record import record
-from .result import Isolation, Result
+from .result import Isolation, Result, utf8_text
 from .units import MAX_DURATION
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
@@ -623,7 +623,8 @@ class Session:
         m = self.meta
         st = self.state
         d = {"id": self.id, "name": m.get("name", ""), "state": st, "pid": m.get("pid"),
-             "monitor_pid": m.get("monitor_pid"), "pty": bool(m.get("pty")), "command": m.get("command", []),
+             "monitor_pid": m.get("monitor_pid"), "pty": bool(m.get("pty")),
+             "command": [utf8_text(a) for a in m.get("command", [])],
              "profile": m.get("profile", ""), "created": m.get("created"), "started_at": m.get("started_at"),
              "ended_at": m.get("ended_at"), "dir": self.dir}
         if st in ("exited", "lost"):

@@ -589,3 +589,124 @@ def test_run_many_a_deeply_nested_python_id_is_an_error_not_a_broken_result(isol
     assert out[0].id == 1 and f"id: nested more than {MAX_DEPTH - 1} levels deep" in out[0].error
     assert json.loads(out[0].to_json())["status"] == "invalid_request"
     assert out[1].status == "ok" and json.loads(out[1].to_json())["id"] == shallow
+
+
+# ---------------------------------------------------------------------------- a batch as a stream (audit)
+
+
+def _batch_proc(*args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "sandbox", "batch", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def _line_within(stream: Any, seconds: float) -> bytes:
+    import select
+
+    ready, _, _ = select.select([stream], [], [], seconds)
+    return stream.readline() if ready else b""
+
+
+@pytest.mark.parametrize("mode", [[], ["--unordered"]])
+def test_cli_batch_writes_each_result_before_the_next_line_comes(isolated, mode: list[str]) -> None:
+    # A driver that sends a line and waits for its result before the next: the result was held
+    # until the next line came (or the input ended), so both sides waited for ever.
+    p = _batch_proc("-j2", *mode, "-")
+    try:
+        for word in ("one", "two"):
+            p.stdin.write(json.dumps({"command": ["echo", word]}).encode() + b"\n")
+            p.stdin.flush()
+            line = _line_within(p.stdout, 30)  # a bound, not a benchmark: before, no line came at all
+            assert line and json.loads(line)["stdout"] == f"{word}\n", (line, p.stderr.peek() if line else "")
+        p.stdin.close()
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_run_many_takes_concurrency_by_position(isolated) -> None:
+    assert [r.stdout for r in sandbox.run_many([{"command": ["echo", "x"]}], 2)] == ["x\n"]
+
+
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "tgkill"):
+        pytest.skip("no tgkill in this libc")
+    assert libc.tgkill(pid, tid, sig) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.parametrize("sig", [2, 15])
+def test_cli_batch_ends_at_a_signal_the_kernel_gave_a_worker_thread(isolated, tmp_path: Path, sig: int) -> None:
+    # Python runs signal handlers in the main thread only; it waited in Future.result() until
+    # the run under way ended (up to its timeout) before it saw the Ctrl-C.
+    from conftest import marker
+
+    from sandbox import leaks
+
+    mark = marker()
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"command": f"sleep 120 # {mark}", "shell": True, "timeout": 150}) + "\n"
+                           for _ in range(4)))
+    p = _batch_proc("-j2", str(src))
+    try:
+        deadline = time.monotonic() + 30
+        while len(leaks.marked(mark)) < 2:
+            assert time.monotonic() < deadline, "the runs never started"
+            time.sleep(0.02)
+        others = sorted(int(t) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid)
+        assert others
+        _tgkill(p.pid, others[0], sig)
+        assert p.wait(30) == 128 + sig  # (bounded: the runs sleep 120 s)
+        assert b"interrupted" in p.stderr.read()
+        assert leaks.marked(mark) == []
+    finally:
+        p.kill()
+        p.wait()
+        for q in leaks.marked(mark):
+            os.kill(q.pid, 9)
+
+
+def test_a_run_many_left_open_at_exit_is_killed_not_run_out(isolated) -> None:
+    # The pool's workers, joined at interpreter exit, ran the whole window (each run to its end).
+    from conftest import marker
+
+    from sandbox import leaks
+
+    mark = marker()
+    code = (f"import sandbox\nit = sandbox.run_many([{{'command': ['echo', 'first']}}] + "
+            f"[{{'command': 'sleep 60 # {mark}', 'shell': True, 'timeout': 90}}] * 6, 2)\nprint(next(it).stdout, end='')")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=45,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))  # before: 3 rounds of 60 s
+        assert r.returncode == 0 and r.stdout == b"first\n", r.stderr
+        assert leaks.marked(mark) == []
+    finally:
+        for q in leaks.marked(mark):
+            os.kill(q.pid, 9)
+
+
+def test_read_jsonl_is_utf8_only_and_counts_columns_in_the_line() -> None:
+    utf16 = '{"command": "a"}\n{"command": "b"}\n'.encode("utf-16")
+    items = list(read_jsonl(io.BytesIO(utf16)))  # json.loads of bytes guessed UTF-16
+    assert items and all("NUL bytes (UTF-16 or UTF-32?)" in it.error for _, it in items), items
+    (_, cut), = read_jsonl(io.BytesIO(b'{"command": "x"\n'))
+    assert cut.error == "invalid JSON: Expecting ',' delimiter at column 16", cut.error  # was "column 1"
+    (_, bom), (_, mid) = read_jsonl(io.BytesIO(b'\xef\xbb\xbf{"command": "x"}\r\n\xef\xbb\xbf{"command": "y"}\n'))
+    assert bom == {"command": "x"} and "invalid JSON" in mid.error  # a BOM opens a file only
+
+
+def test_progress_line_is_cleared_before_a_result_line() -> None:
+    tty = _Tty()
+    p = Progress(tty, total=2, every=0)
+    p.update(_res(True))
+    drawn = tty.getvalue()
+    p.clear()
+    assert tty.getvalue() == drawn + "\r" + " " * (len(drawn) - 1) + "\r"
+
+
+def test_cli_batch_an_unreadable_input_is_named(isolated) -> None:
+    r = cli("batch", "/proc/self/mem")  # EIO at offset 0: was an internal error (exit 125)
+    assert r.returncode == 2 and r.stderr == b"sandboxrun: error: /proc/self/mem: cannot read: Input/output error\n"

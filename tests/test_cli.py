@@ -376,3 +376,12 @@ def test_options_between_positionals() -> None:
     # argparse's `?` positional after an option was refused: `profiles show --json strict`.
     r = cli("profiles", "show", "--json", "strict")
     assert r.returncode == 0 and json.loads(r.stdout)["name"] == "strict", r.stderr
+
+
+def test_json_has_no_lone_surrogates_for_a_command_that_is_not_utf8() -> None:
+    # "\udcff" (Python's escape for the byte 0xff) is text no strict JSON reader takes.
+    r = subprocess.run([sys.executable, "-m", "sandbox", "--json", "--", os.fsdecode(b"\xff")], capture_output=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    d = json.loads(r.stdout)
+    assert r.returncode == 127 and d["command"] == ["\ufffd"], d["command"]
+    json.dumps(d, ensure_ascii=False).encode("utf-8")  # every string is UTF-8 text
