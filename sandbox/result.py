@@ -122,8 +122,10 @@ class Result:
         import json
 
         d = json.loads(data)  # ValueError (JSONDecodeError, UnicodeDecodeError) if not JSON
-        with open(_SCHEMA, "rb") as f:
-            problem = schema_problem(d, json.load(f))
+        if not _schema:  # read once per process: `list` reads every session's result
+            with open(_SCHEMA, "rb") as f:
+                _schema.update(json.load(f))
+        problem = schema_problem(d, _schema)
         if problem:
             raise ValueError(problem)
         try:
@@ -148,6 +150,7 @@ def _escaped_only(text: str) -> bool:
 
 
 _SCHEMA = __file__.rsplit("/", 1)[0] + "/result.schema.json"
+_schema: dict[str, Any] = {}
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,), "array": (list,), "string": (str,), "integer": (int,), "number": (int, float),
     "boolean": (bool,), "null": (type(None),),
