@@ -513,8 +513,13 @@ def main(argv: list[str]) -> int:
                                                   "(default: the current directory; / for any non-system one)")
     ns = p.parse_args(argv)
     prof = _profile(ns.profile)  # a bad profile is a one-line CLI error (exit 2)
+    for label, value in (("--file", ns.file), ("--root", ns.root)):
+        if value == "":  # (an empty --file read stdin instead; checked before any input is read)
+            raise InputError(f"{label}: empty path")
+    if ns.root is not None and not os.path.isdir(ns.root):
+        raise InputError(f"--root: no such directory: {ns.root}")
     # At most one byte over the cap: parse refuses that, and /dev/zero is not read to the end.
-    if ns.file:
+    if ns.file is not None:
         try:
             with open(ns.file, "rb") as f:
                 text: bytes = f.read(MAX_PAYLOAD_BYTES + 1)
@@ -526,8 +531,6 @@ def main(argv: list[str]) -> int:
         from . import supervisor
 
         supervisor.use_direct_forker()  # single-threaded CLI: fork from here
-    if ns.root is not None and not os.path.isdir(ns.root):
-        raise InputError(f"--root: no such directory: {ns.root}")
     reply = execute(text, profile=prof, dry_run=ns.dry_run, root=ns.root)
     print(json.dumps(reply, indent=2))
     if "error" in reply and len(reply) == 1:

@@ -465,3 +465,13 @@ def test_library_callbacks_and_keys_of_the_wrong_type_are_input_errors(state: Pa
 def test_check_of_an_empty_command_and_list_with_a_name() -> None:
     assert_clean_error(cli("check", "--", ""), "empty command")
     assert_clean_error(cli("profiles", "list", "extra"), "profiles list takes no name")
+
+
+@pytest.mark.parametrize("option", ["--file", "--root"])
+def test_payload_empty_path_options_are_refused_before_reading(option: str) -> None:
+    # An empty --file read the payload from stdin instead, and ran it.
+    payload = b'{"action": "run_command", "properties": [{"name": "command", "value": "echo ran"}]}'
+    r = subprocess.run([sys.executable, "-m", "sandbox", "payload", option, ""], input=payload, capture_output=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert_clean_error(r, f"{option}: empty path")
+    assert b"ran" not in r.stdout
