@@ -187,7 +187,8 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
     slots = Slots()  # the CPU and pids cgroups, kept from one run to the next (isolation/cgroups.py)
     cancel = Cancel()  # an early end (close, break, Ctrl-C) kills what runs: its results are not wanted
-    wake = items.wake if isinstance(items, _Feed) else threading.Event()
+    feed = items if isinstance(items, _Feed) else None
+    wake = feed.wake if feed else threading.Event()
     window = workers * (WINDOW_PER_WORKER if ordered else 2)
     inflight: collections.deque[Future[BatchItem]] = collections.deque()
     failed: list[BaseException] = []
@@ -201,7 +202,7 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
         while True:
             wake.clear()  # before looking: what ends from here on wakes the wait below
             while more and len(inflight) < window:
-                nxt = items.take(failed) if isinstance(items, _Feed) else _pull(items, failed)
+                nxt = feed.take(failed) if feed else _pull(items, failed)
                 if nxt is _NOT_YET:
                     break
                 if nxt is None:
@@ -228,8 +229,8 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
                 return
             wake.wait(0.25)
     finally:
-        if isinstance(items, _Feed):
-            items.close()
+        if feed:
+            feed.close()
         pool.shutdown(wait=False, cancel_futures=True)  # what has not started never will
         cancel.cancel()  # (a no-op for runs that all ended: the batch is over)
         pool.shutdown(wait=True)
@@ -313,22 +314,19 @@ class _Feed:
             self._error = e
         finally:
             self._done()
-            self._end = True
+            with self._room:
+                self._end = True
             self.wake.set()
 
     def take(self, failed: list[BaseException]) -> tuple[int, Any] | None | object:
         """The next request; None at the end (an error reading is added to `failed`); _NOT_YET."""
         with self._room:
             if self._queue:
-                item = self._queue.popleft()
                 self._room.notify()
-                return item
-        if not self._end:
-            return _NOT_YET
-        with self._room:  # it may have added a last one just before it ended
-            if self._queue:
                 return self._queue.popleft()
-        if self._error is not None:
+            if not self._end:
+                return _NOT_YET
+        if self._error is not None:  # (set before _end: the reader is done with it)
             failed.append(self._error)
             self._error = None
         return None
