@@ -125,6 +125,18 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
     return rid, d
 
 
+def _id_problem(rid: Any) -> str | None:
+    """Why a request's id (from Python: a JSONL line's is JSON already) cannot be written in
+    its result's JSON: an object() made to_json raise, a NaN was written as NaN."""
+    if rid is None or type(rid) in (str, int):
+        return None
+    try:
+        json.dumps(rid, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        return f"id: expected a JSON value (string, number, true/false, null, list, dict): {e}"
+    return None
+
+
 def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
              cancel: Cancel | None = None) -> BatchItem:
     from .supervisor import run
@@ -137,6 +149,9 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
         if strictjson.too_deep(rid, MAX_DEPTH - 1) is not None:  # as deep as a JSONL line's id may be
             # (from Python; a line's was refused when read): its result's to_json would overflow the stack
             return BatchError(pos, f"id: nested more than {MAX_DEPTH - 1} levels deep (arrays and objects)", pos)
+        problem = _id_problem(rid)
+        if problem:
+            return BatchError(pos, problem, pos)
         if kw.get("profile") is None:
             kw["profile"] = profile
         res = run(kw.pop("command"), cgroup_slots=slots, cancel=cancel, **kw)
@@ -150,11 +165,14 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
     return out
 
 
-def _positive(concurrency: Any) -> int:
+MAX_CONCURRENCY = 1024  # a thread and a sandbox each: more is a typo, not a wish (-j 1000000)
+
+
+def _positive(concurrency: Any, label: str = "concurrency") -> int:
     if concurrency is None:
         return os.cpu_count() or 1
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise InputError(f"concurrency: expected a positive integer, got {concurrency!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise InputError(f"{label}: expected a whole number from 1 to {MAX_CONCURRENCY}, got {concurrency!r}")
     return concurrency
 
 
@@ -176,12 +194,12 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
 
 
 def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: bool,
-            prof: Profile) -> Iterator[BatchItem]:
+            prof: Profile, stop: Callable[[], bool] = lambda: False) -> Iterator[BatchItem]:
     """The batch: requests in, results out. One loop in the consumer's thread submits what is
     at hand while the window has room, yields what has ended (in input order when `ordered`),
     and else sleeps until a run ends or a request comes, a quarter second at most: Python runs
     signal handlers in this thread only, and a Ctrl-C the kernel gave a worker must not wait
-    for a run to end."""
+    for a run to end. `stop()`, asked at each wait, ends the batch early (its runs killed)."""
     from .supervisor import Cancel
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandboxrun-batch")
@@ -226,6 +244,8 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
             if not inflight and not more:
                 if failed:
                     raise failed[0]
+                return
+            if stop():
                 return
             wake.wait(0.25)
     finally:
@@ -521,6 +541,21 @@ class Progress:
                 pass
 
 
+def _reader_gone(out: IO[str]) -> Callable[[], bool]:
+    """Whether the reader of `out` went away (`| head -1`: a pipe's read end closed, a terminal
+    hung up), asked while the batch waits for runs: a write would learn it only with the next
+    result, perhaps a timeout later. A file never says so."""
+    import select
+
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # a caller's own stream: no fd to ask
+        return lambda: False
+    poller = select.poll()
+    poller.register(fd, 0)  # no event asked for: POLLERR, POLLHUP and POLLNVAL come anyway
+    return lambda: bool(poller.poll(0))
+
+
 def _drop_output(out: IO[str]) -> None:
     """Points fd 1 at /dev/null, so that what is still buffered, flushed at exit, is lost quietly."""
     try:
@@ -556,8 +591,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", "-j", type=int, help=f"runs at once (default: CPUs, {os.cpu_count()})")
     p.add_argument("--profile", "-p", default="strict", help="profile for lines that name none (default: strict)")
     ns = p.parse_args(argv)
-    workers = _positive(ns.concurrency)
+    workers = _positive(ns.concurrency, "--concurrency")
     prof = load(ns.profile)
+    if not ns.file:
+        raise InputError("batch: empty file name (give a JSONL file, or - for stdin)")
     if ns.file == "-":
         src: IO[bytes] = sys.stdin.buffer
     else:
@@ -573,7 +610,8 @@ def main(argv: list[str]) -> int:
     name = "stdin" if src is sys.stdin.buffer else ns.file
     lines = _FdLines(os.dup(src.fileno()), name)  # its own fd: src is closed below, perhaps mid-read
     feed = _Feed(read_jsonl(lines), workers * WINDOW_PER_WORKER, done=lines.close)
-    results = _stream(feed, workers, not ns.unordered, prof)
+    gone = _reader_gone(out)
+    results = _stream(feed, workers, not ns.unordered, prof, gone)
     try:
         for item in results:
             bad += isinstance(item, BatchError)
@@ -588,6 +626,9 @@ def main(argv: list[str]) -> int:
                     _say(f"sandboxrun: error: stdout cannot be written: {e.strerror or e}")  # ENOSPC (> /dev/full)
                 return 1  # the rest of the results are lost; the runs under way are killed below
             progress.update(item)
+        if gone():  # stopped early: the runs under way are killed below, as on a failed write
+            _drop_output(out)
+            return 1
     finally:
         results.close()  # cancels what has not started, kills what runs
         progress.close()

@@ -368,6 +368,8 @@ def _spawn(plan: RunPlan) -> int:
         err = e.errno or 0
         what = {2: "command not found", 13: "permission denied", 8: "exec format error",
                 21: "is a directory", 7: "argument list too long"}.get(err, os.strerror(err))
+        if err == errno.EACCES and os.path.isdir(path):  # execve's EACCES for a directory: named as shells do
+            what = "is a directory"
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
 
 

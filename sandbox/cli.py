@@ -140,6 +140,29 @@ def run_kwargs(ns: argparse.Namespace | RunArgs) -> dict[str, Any]:
     return kw
 
 
+# The library's names of the run options, as its errors give them (an override's key, or an
+# error's first word): the CLI names the option that was typed instead.
+_OPTION_OF = {"timeout": "--timeout", "memory": "--memory", "limits.memory": "--memory", "cwd": "--cwd",
+              "bind": "--bind", "ro_bind": "--ro-bind", "network": "--network", "env": "--env",
+              "stdin_file": "--stdin-file"}
+
+
+def named_as_option(e: SandboxError) -> str:
+    """The message of an error of `run` or `start`, naming --memory where the library said
+    `override: limits.memory = ...`, and --stdin-file where it said `stdin_file: ...`."""
+    from .errors import ProfileError
+
+    if isinstance(e, ProfileError):
+        if e.source != "override" or e.key not in _OPTION_OF:
+            return str(e)
+        value = "" if e.value is None or isinstance(e.value, (list, tuple, dict)) else repr(e.value)
+        if len(value) > 40:  # (a 400-digit --timeout)
+            value = value[:30] + f"... ({len(value)} characters)"
+        return f"{_OPTION_OF[e.key]}{' ' + value if value else ''}: {e.reason}"
+    word, sep, rest = str(e).partition(": ")
+    return f"{_OPTION_OF[word]}: {rest}" if sep and word in _OPTION_OF else str(e)
+
+
 def exit_code_for(result: Any) -> int:
     st = result.status
     if st in ("blocked", "setup_error"):
@@ -278,12 +301,15 @@ def _passes_stdin() -> bool:
         return False
 
 
-def cmd_run(argv: list[str]) -> int:
+def cmd_run(argv: list[str], explicit: bool = False) -> int:
+    """`sandboxrun [run] ...`; `explicit`: the word `run` was given, so CMD is no mistyped subcommand."""
     ns, cmd = _parse_run(argv)
     kw = run_kwargs(ns)
-    if ns.yield_ms is not None and ns.yield_ms < 0:
-        raise InputError(f"--yield-ms: expected milliseconds >= 0, got {ns.yield_ms:g}")
     if ns.yield_ms is not None:
+        from .units import MAX_DURATION
+
+        if not 0 <= ns.yield_ms <= MAX_DURATION * 1000:
+            raise InputError(f"--yield-ms: expected 0 to {MAX_DURATION * 1000:.0f} milliseconds, got {ns.yield_ms}")
         from .sessions import run_or_yield
 
         # A session's monitor reads --stdin-file by name; the CLI's own stdin does not reach it.
@@ -313,7 +339,7 @@ def cmd_run(argv: list[str]) -> int:
         for t in through:  # what a slow reader had no room for yet, now that the run is over
             t.finish()
         line = explain(res)
-        hint = _subcommand_hint(argv, cmd, res)
+        hint = "" if explicit else _subcommand_hint(argv, cmd, res)
         if line or hint:
             sys.stderr.write("".join(x + "\n" for x in (line, hint) if x))
             sys.stderr.flush()
@@ -398,7 +424,7 @@ def cmd_profiles(argv: list[str]) -> int:
 
 def _dispatch(name: str) -> Callable[[list[str]], int]:
     if name == "run":
-        return cmd_run
+        return lambda a: cmd_run(a, explicit=True)
     if name == "check":
         return cmd_check
     if name == "profiles":
@@ -489,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
         _traceback_if(debug)
-        print(f"sandboxrun: error: {e}", file=sys.stderr)
+        print(f"sandboxrun: error: {named_as_option(e) if name in ('run', 'start') else e}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - a CLI answers with one line, not a traceback
         _traceback_if(debug)

@@ -22,12 +22,14 @@ class ProfileError(SandboxError, ValueError):
 
     def __init__(self, message: str, *, source: str = "", key: str = "", value: object = None) -> None:
         where = source or "profile"
-        if key:
+        if key == where == "profile":  # the profile argument itself: not "profile: profile = 'x'"
+            where += "" if value is None else f" {value!r}"
+        elif key:
             where += f": {key}"
             if value is not None:
                 where += f" = {value!r}"
         super().__init__(f"{where}: {message}")
-        self.source, self.key, self.value = source, key, value
+        self.source, self.key, self.value, self.reason = source, key, value, message
 
 
 def os_bytes(text: str, what: str) -> bytes:

@@ -347,7 +347,7 @@ def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
     if "\0" in workspace:
         raise InputError(f"{what} contains a NUL byte")
     path = os.path.realpath(workspace)  # its links are the operator's, resolved before any run
-    if not os.path.isdir(path):
+    if not os.path.exists(path):  # (a file is named as such below)
         raise InputError(f"{what}: no such directory: {workspace}")
     from .hostpaths import check_writable_dir
 

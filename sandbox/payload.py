@@ -517,7 +517,7 @@ def main(argv: list[str]) -> int:
         if value == "":  # (an empty --file read stdin instead; checked before any input is read)
             raise InputError(f"{label}: empty path")
     if ns.root is not None and not os.path.isdir(ns.root):
-        raise InputError(f"--root: no such directory: {ns.root}")
+        raise InputError(f"--root: {'not a' if os.path.exists(ns.root) else 'no such'} directory: {ns.root}")
     # At most one byte over the cap: parse refuses that, and /dev/zero is not read to the end.
     if ns.file is not None:
         try:

@@ -55,6 +55,7 @@ LOG_MIN = 1024
 TAIL_BYTES = 16384  # output shown by run_or_yield when a run becomes a session
 DEFAULT_LOG_LINES = 200
 ID_RE = re.compile(r"^[0-9a-f]{8}$")
+_ID_PREFIX_RE = re.compile(r"[0-9a-f]{3,8}\Z")  # (with match: the whole name)
 _STREAMS = ("stdout", "stderr")
 
 
@@ -945,10 +946,15 @@ def get(ref: str) -> Session:
         return Session(ref, root)
     sessions = list_sessions(sweep=False)
     named = [s for s in sessions if s.name == ref]
+    prefixed = [s for s in sessions if len(ref) >= 3 and s.id.startswith(ref)]
     if named:
         running = [s for s in named if s.state in ("running", "starting")]
-        return (running or named)[-1]
-    prefixed = [s for s in sessions if len(ref) >= 3 and s.id.startswith(ref)]
+        found = (running or named)[-1]
+        others = [s.id for s in prefixed if s.id != found.id]
+        if others:  # a name derived from a command (`start -- cafe`) can read as another's id prefix
+            raise InputError(f"session {ref!r} is ambiguous: the name of {found.id}, and a prefix of "
+                             f"{', '.join(others)}; give the full id")
+        return found
     if len(prefixed) == 1:
         return prefixed[0]
     if len(prefixed) > 1:
@@ -1020,8 +1026,10 @@ def _check_name(name: Any) -> str:
         raise InputError(f"name: expected 1-64 printable characters without '/', got {shown}")
     if name in (".", ".."):  # get() refuses them (path components): the session could not be found
         raise InputError(f"name: {name!r} cannot name a session; choose another")
-    if ID_RE.match(name):
-        raise InputError(f"name: {name!r} looks like a session id; choose another")
+    if name != name.strip():
+        raise InputError(f"name: {name!r} starts or ends with a space; choose another")
+    if _ID_PREFIX_RE.match(name):  # get() takes an id prefix of 3 digits or more: which would it mean?
+        raise InputError(f"name: {name!r} looks like a session id or id prefix; choose another")
     return name
 
 

@@ -46,7 +46,9 @@ def _ended_line(sid: str, res: Result) -> str:
 def cmd_start(argv: list[str]) -> int:
     p = Parser(prog="sandboxrun start", description="Start CMD in a background sandbox session; print its id.",
                 usage="sandboxrun start [OPTIONS] [--name N] [--pty [--cols C --rows R]] -- CMD [ARGS...]")
-    add_run_options(p)
+    add_run_options(p, without=("--json",))
+    p.add_argument("--json", action="store_true", help="print the session's info as JSON (state \"blocked\", "
+                                                        "id null, when the filter refused the command)")
     p.add_argument("--name", "-n", help="a name to find the session by (default: derived from the command)")
     p.add_argument("--pty", action="store_true", help="give the command a terminal owned by the session")
     p.add_argument("--cols", type=int, help="terminal width (default 80)")
@@ -56,6 +58,8 @@ def cmd_start(argv: list[str]) -> int:
     cmd = command_of(p, ns, "sandboxrun start [OPTIONS] -- CMD [ARGS...]")
     if not ns.pty and (ns.cols is not None or ns.rows is not None):
         raise InputError("--cols and --rows size the session's terminal: add --pty")
+    if ns.pty and ns.stdin_file is not None:
+        raise InputError("--stdin-file cannot be used with --pty: a PTY session reads its terminal")
     ns.cols, ns.rows = 80 if ns.cols is None else ns.cols, 24 if ns.rows is None else ns.rows
     kw = run_kwargs(ns)
     shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
@@ -63,8 +67,8 @@ def cmd_start(argv: list[str]) -> int:
         sess = sessions.start(shell_cmd, shell=ns.shell, name=ns.name, pty=ns.pty, cols=ns.cols, rows=ns.rows,
                               stdin_file=ns.stdin_file, **kw)
     except sessions.SessionBlocked as e:
-        if ns.json:
-            _print_json(e.result.to_dict())
+        if ns.json:  # the shape of a session's info, as every other start prints
+            _print_json(_blocked_info(e.result, ns.name))
         print(f"sandboxrun: blocked: {e.result.block_reason}", file=sys.stderr)
         return e.exit_code
     info = sess.info()
@@ -81,6 +85,14 @@ def cmd_start(argv: list[str]) -> int:
         print(f"sandboxrun: session {sess.id} did not start: {res.error}", file=sys.stderr)
         return exit_code_for(res)
     return 0
+
+
+def _blocked_info(res: Result, name: str | None) -> dict[str, Any]:
+    """Session info for a start the filter refused: no session, so no id, pid or directory."""
+    return {"id": None, "name": name or sessions.derive_name(res.command), "state": "blocked", "pid": None,
+            "monitor_pid": None, "pty": False, "command": res.to_dict()["command"], "profile": res.profile,
+            "created": None, "started_at": None, "ended_at": None, "dir": None, "status": "blocked",
+            "exit_code": res.exit_code, "signal": None, "block_reason": res.block_reason}
 
 
 def _age(ts: Any) -> str:
@@ -191,6 +203,8 @@ def cmd_paste(argv: list[str]) -> int:
     p = _parser("paste", "Paste TEXT into the session (bracketed paste on a terminal).")
     p.add_argument("text")
     ns = p.parse_args(argv)
+    if not ns.text:  # as `write ID ''`: an empty argument is more likely a mistake than a wish
+        raise InputError("paste: nothing to paste (TEXT is empty)")
     return _ack(ns, sessions.get(ns.id).paste(ns.text))
 
 
@@ -209,24 +223,40 @@ def _finished(ns: argparse.Namespace, sid: str, res: Result | None, verb: str) -
     return 0 if verb == "kill" else exit_code_for(res)
 
 
+def _duration(option: str, text: str | None, unlimited: bool) -> float | None:
+    """Seconds from an option written as run's --timeout is (5, 2.5, 500ms, 2m); None when not
+    given, or, where `unlimited` allows it, "unlimited" (for ever)."""
+    if text is None:
+        return None
+    from .units import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise InputError(f"{option} {text!r}: {e}") from None
+    if seconds is None and not unlimited:
+        raise InputError(f"{option} {text!r}: expected a duration such as 5s or 500ms")
+    return seconds
+
+
 def cmd_kill(argv: list[str]) -> int:
     p = _parser("kill", "Stop the session's whole sandbox: SIGTERM, then SIGKILL after the grace.")
-    p.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default: the profile's)")
+    p.add_argument("--grace", metavar="DURATION",
+                   help="time between SIGTERM and SIGKILL, e.g. 2, 500ms (default: the profile's)")
     ns = p.parse_args(argv)
-    if ns.grace is not None and ns.grace < 0:
-        raise InputError("--grace: expected seconds >= 0")
+    grace = _duration("--grace", ns.grace, unlimited=False)  # before the session is looked for
     sess = sessions.get(ns.id)
-    return _finished(ns, sess.id, sess.kill(ns.grace), "kill")
+    return _finished(ns, sess.id, sess.kill(grace), "kill")
 
 
 def cmd_wait(argv: list[str]) -> int:
     p = _parser("wait", "Wait until the session ends; exit with its command's code (124 if --timeout ran out).")
-    p.add_argument("--timeout", type=float, help="give up after this many seconds")
+    p.add_argument("--timeout", metavar="DURATION", help="give up after this long, e.g. 30, 30s, 2m "
+                                                         "(default: wait for ever)")
     ns = p.parse_args(argv)
-    if ns.timeout is not None and ns.timeout < 0:
-        raise InputError("--timeout: expected seconds >= 0")
+    timeout = _duration("--timeout", ns.timeout, unlimited=True)
     sess = sessions.get(ns.id)
-    return _finished(ns, sess.id, sess.wait(ns.timeout), "wait")
+    return _finished(ns, sess.id, sess.wait(timeout), "wait")
 
 
 def cmd_clear(argv: list[str]) -> int:

@@ -61,7 +61,7 @@ def parse_size(value: object) -> int | None:
         raise ValueError("a size cannot be negative")
     found = _number_and_unit(value)
     if found is None:
-        raise ValueError("expected a size such as 512MiB, 1GiB or 4096")
+        raise ValueError("expected a size such as 512MiB or 1GiB (a bare number is bytes)")
     number, written_unit = found
     unit = written_unit.lower()
     if unit not in _SIZE_UNITS:
@@ -104,7 +104,10 @@ def parse_duration(value: object) -> float | None:
     unit = written_unit.lower()
     if unit not in _TIME_UNITS:
         raise ValueError(f"unknown time unit {written_unit!r} (use ms, s, m or h)")
-    return parse_duration(float(number) * _TIME_UNITS[unit])
+    seconds = float(number) * _TIME_UNITS[unit]
+    if seconds == float("inf"):  # 400 digits: a number, only too large for a float
+        raise ValueError(f"is too large (at most {MAX_DURATION:g}s)")
+    return parse_duration(seconds)
 
 
 def format_size(n: int | None) -> str:

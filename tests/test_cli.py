@@ -354,14 +354,14 @@ def test_debug_after_the_double_dash_is_the_commands_word() -> None:
     r = cli("--cwd", "/nonexistent", "--", "echo", "--debug")
     text = r.stderr.decode()
     assert r.returncode == 2 and "Traceback" not in text, text
-    assert text.strip() == "sandboxrun: error: cwd: no such directory: /nonexistent"
+    assert text.strip() == "sandboxrun: error: --cwd: no such directory: /nonexistent"
 
 
 def test_debug_adds_a_traceback_and_keeps_the_message_and_exit_code() -> None:
     r = cli("--debug", "--cwd", "/nonexistent", "--", "true")
     text = r.stderr.decode()
     assert r.returncode == 2 and "Traceback" in text, (r.returncode, text)
-    assert text.strip().splitlines()[-1] == "sandboxrun: error: cwd: no such directory: /nonexistent"
+    assert text.strip().splitlines()[-1] == "sandboxrun: error: --cwd: no such directory: /nonexistent"
 
 
 @pytest.mark.parametrize("argv", [["check", "--debug", "--", "ls"], ["profiles", "--debug"],

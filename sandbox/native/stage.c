@@ -834,8 +834,10 @@ static void exec_command(struct op *op) {
             sub[0] = 0;
             fail(err, "landlock scope for the command: %s", strerror(err));
         }
-        const char *what = err == 2 ? "command not found" : err == 13 ? "permission denied"
-                         : err == 8 ? "exec format error" : err == 21 ? "is a directory"
+        struct stat st;  /* execve says EACCES for a directory: name it, as shells do */
+        int dir = err == EACCES && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+        const char *what = err == 2 ? "command not found" : dir || err == 21 ? "is a directory"
+                         : err == 13 ? "permission denied" : err == 8 ? "exec format error"
                          : err == 7 ? "argument list too long" : strerror(err);
         fail(err, "%s: %s", argv[0], what);
     }
