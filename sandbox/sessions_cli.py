@@ -68,7 +68,7 @@ def cmd_start(argv: list[str]) -> int:
                               stdin_file=ns.stdin_file, **kw)
     except sessions.SessionBlocked as e:
         if ns.json:  # the shape of a session's info, as every other start prints
-            _print_json(_blocked_info(e.result, ns.name))
+            _print_json(_blocked_info(e.result, ns.name, ns.pty))
         print(f"sandboxrun: blocked: {e.result.block_reason}", file=sys.stderr)
         return e.exit_code
     info = sess.info()
@@ -87,10 +87,10 @@ def cmd_start(argv: list[str]) -> int:
     return 0
 
 
-def _blocked_info(res: Result, name: str | None) -> dict[str, Any]:
+def _blocked_info(res: Result, name: str | None, pty: bool) -> dict[str, Any]:
     """Session info for a start the filter refused: no session, so no id, pid or directory."""
     return {"id": None, "name": name or sessions.derive_name(res.command), "state": "blocked", "pid": None,
-            "monitor_pid": None, "pty": False, "command": res.to_dict()["command"], "profile": res.profile,
+            "monitor_pid": None, "pty": pty, "command": res.to_dict()["command"], "profile": res.profile,
             "created": None, "started_at": None, "ended_at": None, "dir": None, "status": "blocked",
             "exit_code": res.exit_code, "signal": None, "block_reason": res.block_reason}
 

@@ -176,6 +176,9 @@ def test_start_json_of_a_blocked_command_is_session_info(state: Path) -> None:
     info = json.loads(r.stdout)
     assert (info["id"], info["state"], info["status"], info["name"]) == (None, "blocked", "blocked", "wipe")
     assert "rm-root" in info["block_reason"] and info["command"] == ["sh", "-c", "rm -rf /"]
+    assert info["pty"] is False
+    r = cli("start", "--json", "--pty", "--", "sh", "-c", "rm -rf /")
+    assert r.returncode == 125 and json.loads(r.stdout)["pty"] is True, r.stdout
     started = cli("start", "--json", "--", "true")
     assert started.returncode == 0, started.stderr
     assert set(json.loads(started.stdout)) <= set(info), "a blocked start has every key a start has"
