@@ -581,7 +581,8 @@ def _clock(seconds: float) -> str:
 
 def main(argv: list[str]) -> int:
     """`sandboxrun batch FILE.jsonl|-`: exit 0 when every line ran (whatever the commands
-    did: see each line's status), 1 when some line could not be run, 2 on bad usage."""
+    did: see each line's status), 1 when some line could not be run (an invalid request, or
+    a sandbox that could not be set up), 2 on bad usage."""
     from .cliargs import Parser
 
     p = Parser(prog="sandboxrun batch", description="Run one sandboxed request per JSONL line; "
@@ -614,7 +615,7 @@ def main(argv: list[str]) -> int:
     results = _stream(feed, workers, not ns.unordered, prof, gone)
     try:
         for item in results:
-            bad += isinstance(item, BatchError)
+            bad += isinstance(item, BatchError) or item.status == "setup_error"  # neither ran
             try:
                 if same_terminal:
                     progress.clear()  # a result line never starts after the status line's text

@@ -501,7 +501,7 @@ def execute(text: str | bytes, *, profile: str | Profile = "strict", dry_run: bo
 def main(argv: list[str]) -> int:
     from .cliargs import Parser
 
-    p = Parser(prog="sandboxrun payload", usage="sandboxrun payload [--dry-run] [--profile P] < payload.json",
+    p = Parser(prog="sandboxrun payload", usage="sandboxrun payload [--dry-run] [--profile P] [--root DIR] [--file FILE | < payload.json]",
                 description="Run one LLM tool-call payload (run_command or run_code_script) read from stdin; "
                             "print one JSON object. Exit: the command's code (as sandboxrun run), 2 for a bad "
                             "payload.")

@@ -102,6 +102,9 @@ class Profile:
     seccomp: str = "default"
     landlock: str = "optional"
     cgroup: str = "required"
+    # The limits asked for by the caller (memory, cpus) that only a cgroup enforces: they make
+    # an optional cgroup required, for a run never silently goes without a limit it was given.
+    cgroup_needed_by: tuple[str, ...] = ()
     blocklist: bool = True
     block: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
@@ -109,6 +112,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         d = records.asdict(self)
+        if not self.cgroup_needed_by:  # (set by overrides only: no profile file says it)
+            del d["cgroup_needed_by"]
         d["env"] = dict(self.env)
         lim = d["limits"]
         for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size",
@@ -807,6 +812,9 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
+    needed = tuple(k for k in ("memory", "cpus") if overrides.get(k) is not None)
+    if needed and profile.cgroup == "optional":  # only a cgroup enforces them
+        changes.update(cgroup="required", cgroup_needed_by=(*profile.cgroup_needed_by, *needed))
     if not changes and limits is profile.limits:
         return profile  # (timeout=None and the like: the very same profile, its cached steps too)
     return records.replace(profile, limits=limits, **changes)

@@ -38,8 +38,8 @@ class Usage:
     cpu_sys_s: float = 0.0
     wall_s: float = 0.0
     peak_memory_bytes: int = 0  # cgroup peak where available, else max RSS of one process
-    oom_kills: int = 0
-    pids_limit_hit: bool = False
+    oom_kills: int | None = 0  # None: the run had no cgroup, so none could be counted
+    pids_limit_hit: bool | None = False  # None: no cgroup (RLIMIT_NPROC's refusals are not counted)
 
 
 @record

@@ -496,6 +496,12 @@ def execute(req: Request) -> Result:
                     freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree), slot)
             except OSError as e:
                 cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
+                if prof.cgroup_needed_by:  # the profile runs without one, but not with these limits
+                    asked = " and ".join(prof.cgroup_needed_by)
+                    limit = "limits asked for need" if len(prof.cgroup_needed_by) > 1 else "limit asked for needs"
+                    return _setup_error(argv, prof, "cgroup", e.errno or 0, f"{cg_error}; the {asked} {limit} "
+                                        f"a cgroup (profile {prof.name!r} runs without one only when no {asked} "
+                                        "limit is given)", started, known=True)
                 if prof.cgroup == "required":
                     return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
         if cg is None and not plan.pid_namespace:
@@ -964,6 +970,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         usage.peak_memory_bytes = max(stats.peak_memory, usage.peak_memory_bytes)
         usage.oom_kills = stats.oom_kills
         usage.pids_limit_hit = stats.pids_max_hit
+    else:  # no cgroup counted them: unknown, not "none happened"
+        usage.oom_kills = usage.pids_limit_hit = None
     res = Result(
         command=req.argv, status="ok", profile=prof.name, duration_ms=round(duration * 1000, 3),
         timed_out=timed_out, pid=launched.pid, usage=usage,

@@ -339,7 +339,39 @@ def test_detect_v1_unwritable_names_delegation(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(cgroups.os, "access", lambda p, m: False)
     with pytest.raises(CgroupUnavailable) as ei:
         cgroups._detect()
-    assert "no delegation" in str(ei.value) and "rootless" in str(ei.value)
+    assert "no delegation" in str(ei.value)
+    # What to do is the run's error's to say, once: a rootless run (cgroup optional) keeps this
+    # message in limits.cgroup_unavailable, where "use the rootless profile" was advice to itself.
+    assert "rootless" not in str(ei.value)
+    from sandbox import supervisor
+
+    assert "rootless" in supervisor._likely_cause("cgroup", errno.EACCES)
+
+
+@pytest.mark.parametrize(("asked", "needs"), [({"memory": "64MiB"}, "the memory limit asked for needs"),
+                                              ({"cpus": 0.5}, "the cpus limit asked for needs"),
+                                              ({"memory": "64MiB", "cpus": 0.5},
+                                               "the memory and cpus limits asked for need")])
+def test_a_limit_asked_of_an_optional_cgroup_that_cannot_be_had_fails_closed(
+        monkeypatch: pytest.MonkeyPatch, isolated, asked: dict[str, object], needs: str) -> None:
+    """rootless ran `--memory 64MiB` without any memory limit, and said so only in the JSON."""
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    monkeypatch.setattr(cgroups, "_backend", None)
+    monkeypatch.setattr(cgroups, "_backend_error", None)
+    r = sandbox.run(["true"], profile="rootless", **asked)  # type: ignore[arg-type]
+    assert (r.status, r.error_step, r.isolation) == ("setup_error", "cgroup", None), r
+    assert needs in (r.error or "") and "profile 'rootless' runs without one" in (r.error or ""), r.error
+    plain = sandbox.run(["true"], profile="rootless", processes=10)  # an rlimit too: no cgroup needed
+    assert plain.status == "ok" and plain.isolation is not None and plain.isolation.cgroup == "none", plain
+    # Nothing a cgroup counts could be counted: unknown, not "no OOM kill, no pids limit hit".
+    assert (plain.usage.oom_kills, plain.usage.pids_limit_hit) == (None, None)
+    assert sandbox.Result.from_stored(plain.to_json().encode()).usage.oom_kills is None  # (the schema allows it)
+
+
+def test_a_run_with_a_cgroup_counts_its_oom_kills_and_pids_hits(isolated) -> None:
+    r = sandbox.run(["true"])
+    assert r.isolation is not None and r.isolation.cgroup != "none"
+    assert (r.usage.oom_kills, r.usage.pids_limit_hit) == (0, False)
 
 
 def test_detect_forced_none(monkeypatch: pytest.MonkeyPatch) -> None:

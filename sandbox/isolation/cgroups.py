@@ -783,7 +783,7 @@ def _detect() -> Backend:
             raise CgroupUnavailable(
                 errno.EACCES,
                 f"cgroup v1 hierarchies under {ROOT} are not writable by uid {uid}: v1 has no delegation "
-                "to unprivileged users; run as root, or use a profile with cgroup = 'optional' (rootless)")
+                "to unprivileged users")  # (the run's error adds what to do: supervisor._likely_cause)
         return V1Backend(v1)
     if v2_root is not None and forced != "v1":
         own = _own_v2_cgroup()
