@@ -371,16 +371,21 @@ def test_every_step_the_child_marks_is_a_known_step() -> None:
 
 def test_cli_write_paste_send_keys_take_the_bytes_as_given(state: Path, isolated) -> None:
     s = sandbox.start(["cat"], name="plain")
-    t = sandbox.start(["cat"], name="term", pty=True)
+    # Raw, no echo: the terminal hands the command each byte as it came, and od says which.
+    t = sandbox.start(["sh", "-c", "stty raw -echo; echo ready; head -c 2 | od -An -tx1"], name="term", pty=True)
     assert cli("write", "plain", b"\xff").returncode == 0
     assert cli("paste", "plain", b"a\xfe").returncode == 0
+    deadline = time.monotonic() + 20
+    while b"ready" not in t._read_log("output")[1] and time.monotonic() < deadline:
+        time.sleep(0.05)  # (bytes sent before stty ran would be cooked by the line discipline)
     for args in (("send-keys", "term", b"\xff"), ("send-keys", "-L", "term", b"\xfe")):
         r = cli(*args)
         assert r.returncode == 0, r.stderr.decode(errors="replace")
     s.write(b"", eof=True)
     res = s.wait(20)
     assert res is not None and s._read_log("stdout")[1] == b"\xffa\xfe"
-    t.kill(grace=0)
+    res = t.wait(20)
+    assert res is not None and t._read_log("output")[1].split() == [b"ready", b"ff", b"fe"], t._read_log("output")
 
 
 def test_library_write_of_a_lone_surrogate(state: Path, isolated) -> None:
