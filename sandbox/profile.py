@@ -813,8 +813,11 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
     needed = tuple(k for k in ("memory", "cpus") if overrides.get(k) is not None)
-    if needed and profile.cgroup == "optional":  # only a cgroup enforces them
-        changes.update(cgroup="required", cgroup_needed_by=(*profile.cgroup_needed_by, *needed))
+    if needed and profile.cgroup == "off":  # only a cgroup enforces them: never silently dropped
+        raise ProfileError(f"profile {profile.name!r} has cgroup = 'off', and only a cgroup enforces this limit",
+                           source=src, key=needed[0], value=overrides[needed[0]])
+    if needed and profile.cgroup == "optional":
+        changes.update(cgroup="required", cgroup_needed_by=tuple(dict.fromkeys((*profile.cgroup_needed_by, *needed))))
     if not changes and limits is profile.limits:
         return profile  # (timeout=None and the like: the very same profile, its cached steps too)
     return records.replace(profile, limits=limits, **changes)

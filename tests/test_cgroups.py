@@ -368,6 +368,15 @@ def test_a_limit_asked_of_an_optional_cgroup_that_cannot_be_had_fails_closed(
     assert sandbox.Result.from_stored(plain.to_json().encode()).usage.oom_kills is None  # (the schema allows it)
 
 
+def test_a_limit_asked_of_a_profile_without_cgroups_is_refused(tmp_path: Path) -> None:
+    prof = tmp_path / "nocg.toml"
+    prof.write_text('extends = "rootless"\n[security]\ncgroup = "off"\n')
+    with pytest.raises(sandbox.ProfileError, match="cgroup = 'off', and only a cgroup enforces this limit"):
+        sandbox.run(["true"], profile=str(prof), memory="64MiB")
+    twice = sandbox.profile.with_overrides(sandbox.profile.load("rootless"), memory="64MiB")
+    assert sandbox.profile.with_overrides(twice, memory="32MiB").cgroup_needed_by == ("memory",)
+
+
 def test_a_run_with_a_cgroup_counts_its_oom_kills_and_pids_hits(isolated) -> None:
     r = sandbox.run(["true"])
     assert r.isolation is not None and r.isolation.cgroup != "none"
