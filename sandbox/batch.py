@@ -127,13 +127,18 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
 
 def _id_problem(rid: Any) -> str | None:
     """Why a request's id (from Python: a JSONL line's is JSON already) cannot be written in
-    its result's JSON: an object() made to_json raise, a NaN was written as NaN."""
-    if rid is None or type(rid) in (str, int):
+    its result's JSON: an object() made to_json raise, a NaN was written as NaN; a lone
+    surrogate ("\\ud800", from a JSONL line too) was echoed, which no strict JSON reader takes."""
+    if rid is None or type(rid) is int:
         return None
     try:
-        json.dumps(rid, allow_nan=False)
+        text = rid if type(rid) is str else json.dumps(rid, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:
         return f"id: expected a JSON value (string, number, true/false, null, list, dict): {e}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"id: {text[e.start]!r} is a lone surrogate, not valid Unicode text (it could not be echoed)"
     return None
 
 

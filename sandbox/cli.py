@@ -541,7 +541,11 @@ class _Terminated(KeyboardInterrupt):
 
 
 def entry() -> None:
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before main's own handler is in place (its imports, argument parsing)
+        sys.stderr.write("sandboxrun: interrupted\n")
+        code = EXIT_INTERRUPTED
     try:
         sys.stdout.flush()
     except OSError:  # EPIPE, ENOSPC: the output is lost, the exit code stays

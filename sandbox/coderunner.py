@@ -322,20 +322,30 @@ def main(argv: list[str]) -> int:
 
     p = Parser(prog="sandboxrun python",
                 usage="sandboxrun python [OPTIONS] SCRIPT [ARGS...] [--function NAME | --statement EXPR] "
-                      "[-- ARGS...]",
-                description="Run a Python script, one function of it, or one statement, in the sandbox. "
+                      "[-- ARGS...]\n       sandboxrun python [OPTIONS] -c CODE [ARGS...] [-- ARGS...]",
+                description="Run a Python script, one function of it, one statement, or CODE, in the sandbox. "
                             "With --function, each ARG is passed as JSON when it parses (1, true, [1,2]), "
                             "else as a string; the return value is printed as JSON on the last line.")
     add_run_options(p, without=("--shell",))  # a script is no shell command line
     g = p.add_mutually_exclusive_group()
     g.add_argument("--function", "-f", metavar="NAME", help="import SCRIPT and call NAME(*ARGS)")
     g.add_argument("--statement", "-s", metavar="EXPR", help="run EXPR in SCRIPT's namespace, print its value")
-    p.add_argument("script", metavar="SCRIPT", help="the Python file (made visible read-only)")
+    p.add_argument("-c", dest="code", metavar="CODE", help="run CODE as python3 -c does (no SCRIPT then)")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="the Python file (made visible read-only)")
     p.add_argument("args", nargs="*", default=[], metavar="ARGS", help="arguments (after -- when they start with '-')")
     head, sep, tail = (argv[:argv.index("--")], True, argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, False, [])
     ns = p.parse_intermixed_args(head)
     args: list[Any] = [*ns.args, *tail] if sep else list(ns.args)
+    if ns.code is not None:
+        if ns.function is not None or ns.statement is not None:
+            p.error("-c: not with --function or --statement (they name a part of a SCRIPT)")
+        if not ns.code.strip():
+            p.error("-c: expected non-empty Python source")
+        if ns.script is not None:  # with -c, every positional is an argument
+            args.insert(0, ns.script)
+    elif ns.script is None:
+        p.error("a SCRIPT or -c CODE is required")
     if ns.function is not None:
         args = [_cli_value(a) for a in args]
     kw = run_kwargs(ns)
@@ -361,7 +371,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         through = (_WriteThrough(1), _WriteThrough(2))  # never blocking the loop that keeps the deadline
         kw["on_stdout"], kw["on_stderr"] = through[0].write, through[1].write
-    res = run_python(ns.script, args, function=ns.function, statement=ns.statement, **kw)
+    if ns.code is not None:
+        res = run_code(ns.code, args, **kw)
+    else:
+        res = run_python(ns.script, args, function=ns.function, statement=ns.statement, **kw)
     for t in through:
         t.finish()
     if ns.json:

@@ -41,12 +41,13 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# (bin/sandboxrun is copied into .venv/bin, not linked: a change to it reinstalls too.)
 # A "compat" editable install: one path line in a .pth file. The default editable mode
 # imports a finder module (and pathlib) at every interpreter start: ~20 ms on each
 # `sandboxrun` and `.venv/bin/python` call, which would also flatter the benchmark's CLI
 # ratio (its baseline is this interpreter's own start). A venv made the other way is redone.
 if ! .venv/bin/python -c 'import sandbox, prctl, pyseccomp, pytest, hypothesis' 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.installed ] \
+   || [ pyproject.toml -nt .venv/.installed ] || [ bin/sandboxrun -nt .venv/.installed ] \
    || compgen -G '.venv/lib/python3*/site-packages/__editable___sandboxrun_*_finder.py' >/dev/null; then
   # grep's own status (1: nothing left to show) is no failure; pip's is (pipefail carries it here).
   rc=0

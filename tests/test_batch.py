@@ -591,6 +591,22 @@ def test_run_many_a_deeply_nested_python_id_is_an_error_not_a_broken_result(isol
     assert out[1].status == "ok" and json.loads(out[1].to_json())["id"] == shallow
 
 
+def test_an_id_with_a_lone_surrogate_is_refused_not_echoed(isolated, tmp_path: Path) -> None:
+    """A JSONL id "\\ud800" (or one nested in a list) was echoed into the result: JSON that no
+    strict reader takes (it stands for no Unicode text). It is an invalid line, as a NaN id is."""
+    f = tmp_path / "reqs.jsonl"
+    f.write_text('{"command": ["true"], "id": "\\ud800"}\n{"command": ["true"], "id": ["a", {"k": "\\udfff"}]}\n'
+                 '{"command": ["true"], "id": "\\ud83d\\ude00"}\n')
+    r = cli("batch", str(f))
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 1 and [d["id"] for d in lines] == [1, 2, "\U0001f600"], r.stdout
+    for d in lines[:2]:
+        assert d["status"] == "invalid_request" and "lone surrogate" in d["error"], d
+    assert lines[2]["status"] == "ok"  # a surrogate pair is one character
+    out = list(sandbox.run_many([{"command": ["true"], "id": "x\udc80"}], concurrency=1))
+    assert isinstance(out[0], BatchError) and "lone surrogate" in out[0].error and out[0].id == 1
+
+
 # ---------------------------------------------------------------------------- a batch as a stream (audit)
 
 

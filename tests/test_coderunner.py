@@ -185,3 +185,15 @@ def test_cli_passes_its_stdin_on_as_run_does(tmp_path: Path) -> None:
 def test_cli_help_lists_no_option_it_refuses(tmp_path: Path) -> None:
     r = cli("--help", cwd=tmp_path)
     assert r.returncode == 0 and "--memory" in r.stdout and "--shell" not in r.stdout, r.stdout
+
+
+def test_cli_dash_c_runs_code_with_arguments(tmp_path: Path) -> None:
+    """`sandboxrun python -c CODE ARGS` as `python3 -c`: there was no -c."""
+    r = cli("-c", "import sys; print(sys.argv[1:])", "a", "--", "-b", cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, "['a', '-b']\n"), r.stderr
+    r = cli("-c", "import sys; sys.exit(3)", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    for bad, says in ((["-c", "print(1)", "-f", "x"], "not with --function"), (["-c", " "], "-c: expected non-empty"),
+                      ([], "a SCRIPT or -c CODE is required")):
+        r = cli(*bad, cwd=tmp_path)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
