@@ -439,9 +439,34 @@ def plan(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, An
         "cgroup": eff.cgroup, "filter": {"blocklist": eff.blocklist, "block": list(eff.block),
                                          "allow": list(eff.allow), "scan": list(eff.scan)},
     }
+    sandbox.update(_cgroup_here(eff, lim))
     out: dict[str, Any] = {"dry_run": True, "action": req.action, "request": request, "sandbox": sandbox}
     _pass_prompt(out, req)
     return out
+
+
+# The limits only a run's cgroup carries: where an optional cgroup cannot be made, they go
+# unapplied (processes stays an RLIMIT_NPROC, counted in the run's own user namespace).
+_CGROUP_LIMITS = ("memory", "cpus")
+
+
+def _cgroup_here(prof: Profile, lim: dict[str, Any]) -> dict[str, Any]:
+    """What this host makes of the profile's cgroup: the limits as shown are only those the
+    profile asks for; under `rootless` (cgroup optional) with no usable cgroup, the run would
+    get no memory or cpus cap, and under `required` it would not run."""
+    if prof.cgroup == "off":
+        return {}
+    from .isolation import cgroups
+
+    try:
+        return {"cgroup_here": cgroups.detect().version}
+    except cgroups.CgroupUnavailable as e:
+        out: dict[str, Any] = {"cgroup_here": None, "cgroup_unavailable": str(e)}
+        if prof.cgroup == "required":
+            out["would_fail"] = "cgroup: the profile requires one; the run would be a setup_error"
+        else:
+            out["limits_not_applied"] = [k for k in _CGROUP_LIMITS if lim.get(k) not in (None, 0)]
+        return out
 
 
 def _pass_prompt(out: dict[str, Any], req: PayloadRequest) -> None:

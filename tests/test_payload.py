@@ -116,6 +116,24 @@ def test_dry_run_runs_nothing(tmp_path: Path) -> None:
     assert d["prompt"] == "next step"
 
 
+def test_dry_run_says_what_this_host_makes_of_the_cgroup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--dry-run showed rootless's memory limit as if it applied, on a host with no usable
+    cgroup (it does not), and strict's run as if it would go ahead (it is a setup_error)."""
+    from sandbox.isolation import cgroups
+
+    text = json.dumps(cmd("ls"))
+    d = execute(text, base=str(tmp_path), dry_run=True)["sandbox"]
+    assert d["cgroup_here"] in ("v1", "v2") and "would_fail" not in d, d
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")
+    monkeypatch.setattr(cgroups, "_backend", None)
+    monkeypatch.setattr(cgroups, "_backend_error", None)
+    d = execute(text, base=str(tmp_path), dry_run=True, profile="rootless")["sandbox"]
+    assert d["cgroup_here"] is None and d["limits_not_applied"] == ["memory", "cpus"], d
+    assert "SANDBOXRUN_CGROUP=none" in d["cgroup_unavailable"] and d["limits"]["memory"]
+    d = execute(text, base=str(tmp_path), dry_run=True)["sandbox"]
+    assert d["would_fail"].startswith("cgroup:") and "limits_not_applied" not in d, d
+
+
 def test_dry_run_code_script(calc: Path) -> None:
     d = execute(json.dumps(code(scriptPath="calc.py", method="function", args="add 1 2")), dry_run=True,
                 base=str(calc.parent))
