@@ -338,6 +338,7 @@ def _load_raw(path: str, seen: tuple[str, ...] = (), raw: dict[str, Any] | None 
     except ProfileError as e:
         raise ProfileError(str(e).split(": ", 1)[-1], source=str(path), key="extends", value=parent_ref) from None
     parent = _load_raw(parent_path, (*seen, path))
+    _own_values(_read_toml(parent_path), parent_path)  # an error of a parent's own names the parent
     merged = _merge(parent, raw)
     merged.pop("name", None) if "name" not in raw else None
     merged.pop("description", None) if "description" not in raw else None
@@ -358,6 +359,10 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
     own = _read_toml(os.path.realpath(path))
     raw = _load_raw(path, raw=own)
     prof = from_dict(raw, source=str(path), default_name=_stem(path), own=own.get("filesystem", {}))
+    if "uts" not in prof.namespaces and "hostname" in (own.get("process") or {}):
+        raise ProfileError("needs the uts namespace (add 'uts' to security.namespaces): without it the "
+                           "sandbox has the host's name", source=str(path), key="process.hostname",
+                           value=own["process"]["hostname"])
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof
 
@@ -471,7 +476,9 @@ def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
     dst = dst or src
     _check_abs(src, err)
     _check_abs(dst, err)
-    src, dst = os.path.normpath(src), os.path.normpath(dst)
+    if dst.endswith((":ro", ":rw")):  # docker's SRC:DST:MODE would bind at a path named "DST:ro"
+        raise err("no :ro/:rw suffix: the list says the mode (ro_bind, bind; --ro-bind, --bind)")
+    src, dst = _norm(src), _norm(dst)  # (normpath keeps a leading "//": "//" slipped past the "/" check)
     if dst == "/":
         raise err("cannot bind over the sandbox root")
     if not optional and not os.path.exists(src):
@@ -508,6 +515,26 @@ def _nested_bind_problem(target: str, others: list[str]) -> str | None:
         if t != o and _under(o, t):
             return f"bind target {t} holds the bind at {o}: binds of a caller are not nested"
     return None
+
+
+def _one_per_target(binds: list[tuple[str, str, Mount]], source: str) -> list[tuple[str, str, Mount]]:
+    """Binds with one mount per target: the same bind twice (once tried, once required: the
+    required one stands) is kept once; two different binds at one target are refused (the
+    last mounted hid the other: a read-write bind over a read-only one made it writable)."""
+    out: dict[str, tuple[str, str, Mount]] = {}
+    for key, spec, m in binds:
+        t = _norm(m.target)
+        prev = out.get(t)
+        if prev is None:
+            out[t] = (key, spec, m)
+        elif (prev[2].source, prev[2].writable) == (m.source, m.writable):
+            if prev[2].optional and not m.optional:
+                out[t] = (key, spec, m)
+        else:
+            raise ProfileError(f"binds {t}, where filesystem.{prev[0]} = {prev[1]!r} binds too: one mount per "
+                               "target (the later would hide the earlier)", source=source,
+                               key=f"filesystem.{key}", value=spec)
+    return list(out.values())
 
 
 def _kind_clash(m: Mount, existing: tuple[Mount, ...]) -> str | None:
@@ -570,14 +597,12 @@ def bind_problem(target: str, workdir: str) -> str | None:
     return None
 
 
-def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom",
-              own: dict[str, Any] | None = None) -> Profile:
-    """Validate a profile table. `own`: the file's own [filesystem] table when `raw` also holds
-    what it inherits through `extends` (None: all of `raw` is the file's own)."""
+_BIND_KEYS = (("ro_bind", False, False), ("ro_bind_try", False, True), ("bind", True, False))  # (writable, optional)
 
-    def err_for(key: str, value: Any) -> Any:
-        return lambda msg: ProfileError(msg, source=source, key=key, value=value)
 
+def _own_values(raw: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """Each table's keys checked one by one (known, of their type, binds that exist): what can
+    be wrong with a file on its own, so a parent's error names the parent."""
     values: dict[str, dict[str, Any]] = {}
     for table, content in raw.items():
         if table in _SCHEMA[""]:
@@ -593,7 +618,23 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             if kind is None:
                 raise ProfileError(f"unknown key (known: {', '.join(_SCHEMA[table])})",
                                    source=source, key=f"{table}.{key}")
-            values[table][key] = _coerce(kind, value, err_for(f"{table}.{key}", value))
+            values[table][key] = _coerce(kind, value, _error_for(source, f"{table}.{key}", value))
+    fs = values.get("filesystem", {})
+    for key, writable, optional in _BIND_KEYS:
+        for spec in fs.get(key, ()):
+            parse_bind(spec, writable=writable, optional=optional, err=_error_for(source, f"filesystem.{key}", spec))
+    return values
+
+
+def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom",
+              own: dict[str, Any] | None = None) -> Profile:
+    """Validate a profile table. `own`: the file's own [filesystem] table when `raw` also holds
+    what it inherits through `extends` (None: all of `raw` is the file's own)."""
+
+    def err_for(key: str, value: Any) -> Any:
+        return lambda msg: ProfileError(msg, source=source, key=key, value=value)
+
+    values = _own_values(raw, source)
     for key in ("name", "description"):
         if key in raw and not isinstance(raw[key], str):
             raise ProfileError("expected a string", source=source, key=key, value=raw[key])
@@ -605,7 +646,12 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             raise ProfileError("a run without a wall timeout needs limits.allow_no_timeout = true",
                                source=source, key="limits.timeout", value=lim.get("timeout"))
         limits = records.replace(limits, timeout=None)
-    check_limits(limits, source, lim)
+    check_limits(limits, source, raw.get("limits", {}))  # errors show the value as written
+    if limits.allow_no_timeout and limits.max_timeout is not None:
+        # A run with no timeout would outlast the cap that a caller's 20m is refused by.
+        raise ProfileError(f"contradicts limits.max_timeout = {raw.get('limits', {}).get('max_timeout', limits.max_timeout)!r}"
+                           " (a run without a timeout exceeds any cap): set max_timeout = 'unlimited' too",
+                           source=source, key="limits.allow_no_timeout", value=True)
     if limits.timeout is not None and limits.max_timeout is not None and limits.timeout > limits.max_timeout:
         raw_lim = raw.get("limits", {})
         max_shown = raw_lim.get("max_timeout", limits.max_timeout)
@@ -614,14 +660,16 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
 
     fs = values.get("filesystem", {})
     binds: list[tuple[str, str, Mount]] = []  # (key, spec, mount)
-    for key, writable, optional in (("ro_bind", False, False), ("ro_bind_try", False, True), ("bind", True, False)):
+    for key, writable, optional in _BIND_KEYS:
         for spec in fs.get(key, ()):
             binds.append((key, spec, parse_bind(spec, writable=writable, optional=optional,
                                                 err=err_for(f"filesystem.{key}", spec))))
+    binds = _one_per_target(binds, source)
     mounts = [m for _, _, m in binds]
     workdir = fs.get("workdir", "/work")
     if workdir != "same":
         _check_abs(workdir, err_for("filesystem.workdir", workdir))
+        workdir = _norm(workdir)  # "/work/" made a mount point named "work/" next to one named "work"
     view = fs.get("view", "private")
     if view not in ("private", "host"):
         raise ProfileError("expected 'private' or 'host'", source=source, key="filesystem.view", value=view)
@@ -653,6 +701,14 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
         raise ProfileError("filesystem.view = 'private' needs the mount namespace", source=source,
                            key="security.namespaces")
 
+    if sec.get("cgroup") == "off":
+        for key in ("memory", "cpus"):  # only a cgroup enforces them: they would silently not apply
+            if getattr(limits, key):
+                shown = raw.get("limits", {}).get(key, getattr(limits, key))
+                raise ProfileError(f"limits.{key} = {shown!r} is enforced only by a cgroup: make it unlimited "
+                                   f"({key} = {'0' if key == 'cpus' else repr('unlimited')}) or let the cgroup be "
+                                   "'optional'", source=source, key="security.cgroup", value="off")
+
     net = values.get("network", {}).get("mode", "none")
     if net == "loopback":
         net = "none"
@@ -663,6 +719,10 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
         raise ProfileError("network.mode = 'none' needs the net namespace", source=source, key="network.mode")
 
     proc = values.get("process", {})
+    for name in proc.get("env_passthrough", ()):
+        if not name or "=" in name or any(c in name for c in "*?["):
+            raise ProfileError("expected a variable's name (no '=', no patterns): it passed nothing",
+                               source=source, key="process.env_passthrough", value=name)
     flt = values.get("filter", {})
     for key in ("block", "scan"):
         for pattern in flt.get(key, ()):
@@ -701,6 +761,8 @@ _MINIMUMS = {"memory": 4 * 2**20, "tmp_size": 64 * 2**10, "workdir_size": 64 * 2
 # files in bounded memory.
 _NEVER_UNLIMITED = ("kill_grace", "output", "tmp_size", "shm_size", "log_size", "workdir_size")
 MAX_PROCESSES = 4 * 1024 * 1024  # PID_MAX_LIMIT: pids.max refuses more
+MIN_PROCESSES = 2
+MAX_KILL_GRACE = 60.0
 
 
 def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
@@ -710,6 +772,16 @@ def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
     for key in _NEVER_UNLIMITED:
         if getattr(limits, key) is None:
             raise ProfileError("cannot be unlimited", source=source, key=f"limits.{key}", value=raw.get(key))
+    if limits.kill_grace is not None and limits.kill_grace > MAX_KILL_GRACE:  # the run's wall time past its timeout
+        raise ProfileError(f"must be at most {MAX_KILL_GRACE:g}s (a run may ignore SIGTERM for this long after its "
+                           "timeout)", source=source, key="limits.kill_grace", value=raw.get("kill_grace", limits.kill_grace))
+    if limits.cpu_time is not None and (limits.cpu_time < 1 or limits.cpu_time != int(limits.cpu_time)):
+        raise ProfileError("must be a whole number of seconds, at least 1s (RLIMIT_CPU counts seconds; "
+                           "'unlimited' for none)", source=source, key="limits.cpu_time",
+                           value=raw.get("cpu_time", limits.cpu_time))
+    if limits.processes is not None and limits.processes < MIN_PROCESSES:
+        raise ProfileError(f"must be at least {MIN_PROCESSES} (the sandbox's init and the command)", source=source,
+                           key="limits.processes", value=raw.get("processes", limits.processes))
     if limits.processes is not None and limits.processes > MAX_PROCESSES:
         raise ProfileError(f"is above the kernel's most pids ({MAX_PROCESSES})", source=source,
                            key="limits.processes", value=raw.get("processes", limits.processes))

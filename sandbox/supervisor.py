@@ -14,6 +14,7 @@ import fcntl
 import os
 import select
 import stat
+import sys
 import time
 from _collections_abc import Mapping  # what collections.abc re-exports, without importing collections (~2 ms)
 
@@ -358,7 +359,9 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
             workdir_fixed=prof.workdir != "same" or not work.path,
             workdir_idmap=idmap, workdir_fallback="fallback_ids" in extra,
             workdir_id=(work.checked.dev, work.checked.ino) if work.checked else None,
-            shm_size=lim.shm_size, hostname=prof.hostname, console=req.pty_fd is not None,
+            # without a uts namespace the name is the host's: /etc/hostname and /etc/hosts say so too
+            shm_size=lim.shm_size, console=req.pty_fd is not None,
+            hostname=prof.hostname if "uts" in prof.namespaces else os.uname().nodename,
             passwd=f"{name}:x:{uid}:{gid}:sandbox:{req.env.get('HOME') or inside}:/bin/sh\n"
             + ("" if uid == 0 else "root:x:0:0:root:/root:/usr/sbin/nologin\n")
             + "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -1113,4 +1116,49 @@ def run(
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd, stdin_from=stdin_from,
                   on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots,
                   cancel=cancel)
+    if cancel is None and _in_daemon_thread():
+        return _execute_ended_at_exit(req)
     return execute(req)
+
+
+def _in_daemon_thread() -> bool:
+    """(A program that never imported threading runs on its main thread.)"""
+    threading = sys.modules.get("threading")
+    return threading is not None and threading.current_thread().daemon
+
+
+_exit_cancel: Cancel | None = None  # cancelled at interpreter exit: ends the runs of daemon threads
+_exit_runs = 0
+_exit_lock = _thread.allocate_lock()
+
+
+def _execute_ended_at_exit(req: Request) -> Result:
+    """A run supervised by a daemon thread (run_async's, a caller's own): the interpreter does
+    not wait for it at exit, and froze it mid-run, its cgroups left behind until a later
+    sandboxrun's sweep. An exit hook kills it instead and waits for its clean-up."""
+    global _exit_cancel, _exit_runs
+    with _exit_lock:
+        if _exit_cancel is None:
+            import threading
+
+            try:
+                threading._register_atexit(_end_runs_at_exit)  # type: ignore[attr-defined]
+            except RuntimeError:  # the interpreter is shutting down already
+                return execute(req)
+            _exit_cancel = Cancel()
+        req.cancel = _exit_cancel
+        _exit_runs += 1
+    try:
+        return execute(req)
+    finally:
+        with _exit_lock:
+            _exit_runs -= 1
+
+
+def _end_runs_at_exit(wait: float = 5.0) -> None:
+    if _exit_cancel is None:
+        return
+    _exit_cancel.cancel()
+    deadline = time.monotonic() + wait
+    while _exit_runs and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -371,6 +371,14 @@ def test_a_limit_asked_of_an_optional_cgroup_that_cannot_be_had_fails_closed(
 def test_a_limit_asked_of_a_profile_without_cgroups_is_refused(tmp_path: Path) -> None:
     prof = tmp_path / "nocg.toml"
     prof.write_text('extends = "rootless"\n[security]\ncgroup = "off"\n')
+    # the file's own memory (inherited from strict) was shown by `profiles show` and not applied
+    with pytest.raises(sandbox.ProfileError, match=r"nocg.toml: security.cgroup = 'off': limits.memory = '512MiB' "
+                                                   "is enforced only by a cgroup"):
+        sandbox.load_profile(str(prof))
+    prof.write_text('extends = "rootless"\n[security]\ncgroup = "off"\n[limits]\nmemory = "unlimited"\ncpus = 0.5\n')
+    with pytest.raises(sandbox.ProfileError, match=r"limits.cpus = 0.5 is enforced only by a cgroup"):
+        sandbox.load_profile(str(prof))
+    prof.write_text('extends = "rootless"\n[security]\ncgroup = "off"\n[limits]\nmemory = "unlimited"\ncpus = 0\n')
     with pytest.raises(sandbox.ProfileError, match="cgroup = 'off', and only a cgroup enforces this limit"):
         sandbox.run(["true"], profile=str(prof), memory="64MiB")
     twice = sandbox.profile.with_overrides(sandbox.profile.load("rootless"), memory="64MiB")
@@ -1009,3 +1017,50 @@ def test_v1_slot_is_not_used_for_a_hierarchy_the_run_needs_to_itself(monkeypatch
     assert backend._from_slot(limits, slot) == {"cpu": "/c/s", "pids": "/p/s"}
     limits = CgroupLimits(memory=None, processes=None, cpus=None, freezer=False, cpu_usage=False)
     assert backend._from_slot(limits, slot) == {}  # no cap asked for: nothing joined
+
+
+def _cgroups_of(pid: int) -> list[str]:
+    return glob.glob(f"/sys/fs/cgroup/*/{cgroups.PREFIX}{pid}-*")
+
+
+def _until(cond, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_runs_of_daemon_threads_are_ended_and_cleaned_up_at_interpreter_exit(contained) -> None:
+    """A caller that exits while daemon threads (run_async's, its own) supervise runs froze
+    them mid-run: their cgroups stayed until a later sandboxrun's sweep."""
+    code = (f"import glob, os, sys, threading, time; sys.path.insert(0, {str(ROOT)!r}); import sandbox\n"
+            "print(os.getpid(), flush=True)\n"
+            "for _ in range(2):\n"
+            "    threading.Thread(target=sandbox.run, args=(['sleep', '60'],), daemon=True).start()\n"
+            "end = time.monotonic() + 20\n"
+            "while len(glob.glob(f'/sys/fs/cgroup/*/sandboxrun-{os.getpid()}-*')) < 2 and time.monotonic() < end:\n"
+            "    time.sleep(0.02)\n"
+            "print(len(glob.glob(f'/sys/fs/cgroup/*/sandboxrun-{os.getpid()}-*')) >= 2, flush=True)\n")
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid, started = p.stdout.split()
+    assert (p.returncode, started, p.stderr) == (0, "True", ""), p
+    assert _cgroups_of(int(pid)) == [] and time.monotonic() - t < 30
+
+
+def test_a_zombie_supervisor_is_gone_for_the_sweep(contained) -> None:
+    """A SIGKILLed supervisor that its parent has not reaped kept its cgroups from the sweep."""
+    root = str(Path(__file__).resolve().parent.parent)
+    p = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); import sandbox; "
+                          "sandbox.run(['sleep', '60'])"])
+    try:
+        assert _until(lambda: len(_cgroups_of(p.pid)) > 0), "the run never started"
+        os.kill(p.pid, 9)
+        assert _until(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z")
+        backend = cgroups.detect()
+        assert _until(lambda: (backend.sweep_stale(), not _cgroups_of(p.pid))[1], 10), _cgroups_of(p.pid)
+    finally:
+        p.kill()
+        p.wait()

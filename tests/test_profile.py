@@ -39,7 +39,7 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     """The binds nested inherits from strict are unused under its host view, not the file's
     own mistake: only a file that names binds itself is refused."""
     f = tmp_path / "mine.toml"
-    f.write_text('extends = "nested"\n[security]\ncgroup = "off"\n')
+    f.write_text('extends = "nested"\n[security]\ncgroup = "off"\n[limits]\nmemory = "unlimited"\ncpus = 0\n')
     p = load(str(f))
     assert p.view == "host" and p.cgroup == "off"
     assert p.mounts == () and load("nested").mounts == ()  # nor kept, nor shown (`profiles show`)
@@ -63,7 +63,7 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     ('[limits]\ntimeout = 0', "allow_no_timeout"),
     ('extends = "nope"', "extends = 'nope'"),
     ('[security]\ncgroup = "maybe"', "security.cgroup = 'maybe'"),
-    ('[limits]\nkill_grace = "unlimited"', "limits.kill_grace: cannot be unlimited"),
+    ('[limits]\nkill_grace = "unlimited"', "limits.kill_grace = 'unlimited': cannot be unlimited"),
     ('[limits]\nprocesses = 4194305', "limits.processes = 4194305: is above the kernel's most pids"),
     # a file bound where the bind of /usr has a directory: its mount would fail at setup (ENOTDIR)
     ('extends = "strict"\n[filesystem]\nro_bind = ["/etc/hostname:/usr/bin"]',
@@ -430,3 +430,74 @@ def test_profiles_that_may_run_without_a_cgroup_keep_a_small_address_space() -> 
             assert p.limits.address_space is not None and p.limits.address_space <= 4 * 2**30, name
         else:
             assert p.limits.memory is not None, name
+
+
+# ---------------------------------------------------------------------------- profile audit
+
+
+@pytest.mark.parametrize("body, needle", [
+    # a read-write bind over a read-only one at the same target made it writable (the later mount won)
+    ('extends = "strict"\n[filesystem]\nbind = ["/tmp:/data"]\nro_bind = ["/tmp:/data"]\n',
+     "filesystem.bind = '/tmp:/data': binds /data, where filesystem.ro_bind = '/tmp:/data' binds too"),
+    ('extends = "strict"\n[filesystem]\nro_bind = ["/usr/share:/opt/x", "/usr/lib:/opt/x"]\n',
+     "one mount per target"),
+    # ran 8 s past a 1 s timeout, and past max_timeout
+    ('extends = "strict"\n[limits]\nkill_grace = "8min"\n', "limits.kill_grace = '8min': must be at most 60s"),
+    # RLIMIT_CPU counts seconds: 0 killed at ~1 s as "signaled", 0.5 was reported as 0.5
+    ('extends = "strict"\n[limits]\ncpu_time = 0\n', "limits.cpu_time = 0: must be a whole number of seconds"),
+    ('extends = "strict"\n[limits]\ncpu_time = "0.5s"\n', "at least 1s"),
+    ('extends = "strict"\n[limits]\ncpu_time = "1.5s"\n', "whole number of seconds"),
+    ('extends = "strict"\n[limits]\nprocesses = 1\n', "limits.processes = 1: must be at least 2"),  # nothing ran
+    ('extends = "strict"\n[filesystem]\nro_bind = ["/usr/share://"]\n', "cannot bind over the sandbox root"),
+    ('extends = "strict"\n[filesystem]\nro_bind = ["/usr/share:/opt/x:ro"]\n', "no :ro/:rw suffix"),
+    # no timeout allowed, yet --timeout 20m was refused as over max_timeout
+    ('extends = "strict"\n[limits]\nallow_no_timeout = true\ntimeout = 0\n',
+     "limits.allow_no_timeout = True: contradicts limits.max_timeout = '10m'"),
+    ('extends = "strict"\n[process]\nenv_passthrough = ["*"]\n', "env_passthrough = '*': expected a variable's name"),
+    ('extends = "strict"\n[process]\nenv_passthrough = ["A=B"]\n', "no '=', no patterns"),
+    # the hostname was not applied (the host's showed) while /etc/hostname said it was
+    ('extends = "strict"\n[security]\nnamespaces = ["mount", "net", "pid"]\n[process]\nhostname = "wanted"\n',
+     "process.hostname = 'wanted': needs the uts namespace"),
+])
+def test_contradictory_or_unappliable_settings_are_refused(tmp_path, body: str, needle: str) -> None:
+    with pytest.raises(ProfileError) as e:
+        _profile(tmp_path, body)
+    assert needle in str(e.value), e.value
+
+
+def test_same_bind_twice_is_one_mount_and_workdir_is_normalised(tmp_path) -> None:
+    p = _profile(tmp_path, 'extends = "strict"\n[filesystem]\nro_bind = ["/usr", "/bin"]\nworkdir = "/opt/w/"\n')
+    assert [m.target for m in p.mounts].count("/bin") == 1  # strict tries /bin too: the required one stands
+    assert [m.optional for m in p.mounts if m.target == "/bin"] == [False]
+    assert p.workdir == "/opt/w"  # "/opt/w/" failed at run time: File exists '/tmp/work/'
+    p = _profile(tmp_path, 'extends = "strict"\n[limits]\nallow_no_timeout = true\ntimeout = 0\n'
+                           'max_timeout = "unlimited"\n')
+    assert (p.limits.timeout, p.limits.max_timeout) == (None, None)
+    assert _profile(tmp_path, 'extends = "strict"\n[limits]\ncpu_time = "2s"\nprocesses = 2\n').limits.cpu_time == 2
+
+
+@pytest.mark.parametrize("parent, needle", [
+    ('extends = "strict"\n[limits]\ntimout = "5s"\n', "base.toml: limits.timout: unknown key"),
+    ('extends = "strict"\n[limits]\nmemory = "12XB"\n', "base.toml: limits.memory = '12XB'"),
+    ('extends = "strict"\n[filesystem]\nro_bind = ["/nonexistent-x"]\n', "base.toml: filesystem.ro_bind = '/nonexistent-x'"),
+])
+def test_an_error_in_a_parent_names_the_parent(tmp_path, parent: str, needle: str) -> None:
+    """`extends = "./base.toml"` with base's typo was reported as the child's line."""
+    (tmp_path / "base.toml").write_text(parent)
+    with pytest.raises(ProfileError) as e:
+        _profile(tmp_path, 'extends = "./base.toml"\n', "team.toml")
+    assert needle in str(e.value) and "team.toml" not in str(e.value), e.value
+
+
+def test_without_a_uts_namespace_etc_hostname_is_the_hosts_name(isolated, tmp_path) -> None:
+    """/etc/hostname said strict's "sandbox" while `hostname` said the host's."""
+    import os
+
+    import sandbox
+
+    f = tmp_path / "nouts.toml"
+    f.write_text('extends = "strict"\n[security]\nnamespaces = ["pid", "mount", "net", "ipc", "cgroup"]\n')
+    r = sandbox.run(["sh", "-c", "hostname; cat /etc/hostname"], profile=str(f))
+    assert r.status == "ok" and r.stdout == f"{os.uname().nodename}\n" * 2, r
+    r = sandbox.run(["sh", "-c", "hostname; cat /etc/hostname"])
+    assert r.stdout == "sandbox\n" * 2, r

@@ -103,12 +103,22 @@ def _kv(text: str) -> dict[str, int]:
 
 
 def _pid_alive(pid: int) -> bool:
+    """A zombie is not alive: a SIGKILLed supervisor that its parent has not reaped (for good,
+    where PID 1 never reaps) kept its cgroups from the sweep."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        state = stat[stat.rindex(b")") + 2:][:1]
+        if state in (b"Z", b"X"):  # its leader exited: alive only while another of its threads is
+            return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except (OSError, ValueError):
+        pass
     return True
 
 
