@@ -73,7 +73,10 @@ out = {"type": type(value).__name__}
 try:
     text = json.dumps(dict(out, json=True, value=value), allow_nan=False)
 except (TypeError, ValueError, RecursionError):
-    text = json.dumps(dict(out, json=False, repr=repr(value)[:65536]))
+    text = ""
+if not text or len(text) > 65536:  # a value past the output cap was lost, its tagged line left in stdout
+    r = repr(value)
+    text = json.dumps(dict(out, json=False, repr=r[:65536], truncated=len(r) > 65536))
 for s in (sys.stdout, sys.stderr):
     try:
         s.flush()
@@ -91,7 +94,9 @@ class PythonResult(Result):
     returned: bool = False  # the function/statement finished and its value came back
     return_value: Any = None  # the value, JSON-decoded (None when it was not JSON-encodable)
     return_type: str | None = None  # its Python type name
-    return_repr: str | None = None  # repr() when the value is not JSON-encodable
+    return_repr: str | None = None  # repr() when the value is not JSON-encodable or its JSON is over 64 KiB
+    return_truncated: bool = False  # return_repr is the first 64 KiB of the repr
+    return_lost: str | None = None  # why a function that returned gave no value back (the output cap)
 
 
 def _load_profile(profile: str | Profile) -> Profile:
@@ -194,12 +199,22 @@ def _take_return(res: PythonResult, token: str) -> None:
     raw = res.stdout_raw
     at = raw.rfind(tag)
     if at < 0:
+        cut = _partial_tag(raw, tag)
+        if cut is not None:  # the cap fell inside the tag: no part of it is the program's output
+            res.stdout_raw = raw[:cut]
+            res.stdout = res.stdout_raw.decode(errors="replace")
+        if res.stdout_truncated and res.exit_code == 0:
+            res.return_lost = ("stdout reached the output cap before the value was written: print less, or "
+                               "raise the output limit")
         return
     end = raw.find(b"\n", at + len(tag))
     line = raw[at + len(tag): end if end >= 0 else len(raw)]
     try:
         d = json.loads(line)
     except ValueError:
+        res.stdout_raw = raw[:at]  # the tagged line, cut by the cap
+        res.stdout = res.stdout_raw.decode(errors="replace")
+        res.return_lost = "stdout reached the output cap while the value was written: print less, or raise the output limit"
         return
     res.stdout_raw = raw[:at] + (raw[end + 1:] if end >= 0 else b"")
     res.stdout_bytes -= len(raw) - len(res.stdout_raw)  # count only what the program printed
@@ -209,6 +224,15 @@ def _take_return(res: PythonResult, token: str) -> None:
         res.return_value = d.get("value")
     else:
         res.return_repr = d.get("repr")
+        res.return_truncated = bool(d.get("truncated"))
+
+
+def _partial_tag(raw: bytes, tag: bytes) -> int | None:
+    """Where stdout ends with the start of the tag (the cap cut it), else None."""
+    for n in range(min(len(tag), len(raw)), 0, -1):
+        if raw.endswith(tag[:n]):
+            return len(raw) - n if n > 1 else None  # (one newline alone may be the program's)
+    return None
 
 
 def run_python(
@@ -386,6 +410,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.buffer.write(res.stderr_raw)
         sys.stderr.flush()
         _print_value(res)
+        if res.return_lost:
+            sys.stderr.write(f"sandboxrun: no return value: {res.return_lost}\n")
     line = explain(res)
     if line:
         sys.stderr.write(line + "\n")

@@ -194,7 +194,10 @@ class Tools:
 
     def remove(self, session_id: str) -> dict[str, Any]:
         res = self._call(self._get(session_id).remove)
-        self.started.remove(session_id)
+        with self._lock:  # concurrent removes of one session: the first takes it off the list
+            if session_id not in self.started:
+                raise self._fail(f"no session {session_id!r} started by this server (removed already)")
+            self.started.remove(session_id)
         return {"id": session_id, "removed": True, "result": res.to_dict() if res else None}
 
     def close(self) -> None:

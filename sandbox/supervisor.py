@@ -198,11 +198,15 @@ def build_env(prof: Profile, extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")  # the kernel's cap on one argument or "K=V", its NUL included
+
+
 def check_size(argv: list[str], env: dict[str, str]) -> None:
     try:
-        size = sum(len(a.encode("utf-8", "surrogateescape")) + 1 + 8 for a in argv)
-        size += sum(len(k.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 2 + 8
-                    for k, v in env.items())
+        lens = [len(a.encode("utf-8", "surrogateescape")) + 1 for a in argv]
+        env_lens = [len(k.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 2
+                    for k, v in env.items()]
+        size = sum(lens) + sum(env_lens) + 8 * (len(lens) + len(env_lens))
     except UnicodeEncodeError:  # a lone surrogate: say which argument or variable (labels only now)
         for i, a in enumerate(argv):
             os_bytes(a, f"command[{i}]")
@@ -212,6 +216,12 @@ def check_size(argv: list[str], env: dict[str, str]) -> None:
         raise
     if size > ARG_MAX:
         raise InputError(f"command and environment are {size} bytes, over ARG_MAX ({ARG_MAX})")
+    if max(lens) > MAX_ARG_STRLEN or (env_lens and max(env_lens) > MAX_ARG_STRLEN):
+        # execve's E2BIG ("argument list too long", exit 126) looked like a run that failed
+        where = next((f"command[{i}]" for i, n in enumerate(lens) if n > MAX_ARG_STRLEN), None) \
+            or next(f"env[{k!r}]" for (k, _), n in zip(env.items(), env_lens) if n > MAX_ARG_STRLEN)
+        raise InputError(f"{where}: over the kernel's limit of {MAX_ARG_STRLEN - 1} bytes for one argument or "
+                         "variable (MAX_ARG_STRLEN): pass long data on stdin or in a file")
 
 
 # ---------------------------------------------------------------------------- run

@@ -197,3 +197,20 @@ def test_cli_dash_c_runs_code_with_arguments(tmp_path: Path) -> None:
                       ([], "a SCRIPT or -c CODE is required")):
         r = cli(*bad, cwd=tmp_path)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
+
+
+def test_a_value_over_64k_or_after_the_output_cap_is_said_so_not_lost(tmp_path: Path) -> None:
+    """A 2 MB return value came back as nothing (returned false), its tagged driver line left
+    in stdout; a value after a flood of output was lost without a word."""
+    s = tmp_path / "v.py"
+    s.write_text("import sys\ndef big(n):\n    return 'x' * n\n"
+                 "def flood(n):\n    sys.stdout.write('y' * n)\n    return 5\n")
+    r = run_python(s, [2_000_000], function="big")
+    assert r.returned and r.return_type == "str" and r.return_truncated and r.return_value is None
+    assert len(r.return_repr or "") == 65536 and r.stdout == "" and r.return_lost is None
+    for n in (3_000_000, 2**20 - 6):  # far past the cap, and the cap inside the tag
+        r = run_python(s, [n], function="flood")
+        assert not r.returned and r.stdout_truncated and "output cap" in (r.return_lost or ""), r
+        assert set(r.stdout) == {"y"}, r.stdout[-80:]
+    r = run_python(s, [10], function="flood")
+    assert (r.returned, r.return_value, r.stdout, r.return_lost) == (True, 5, "y" * 10, None)

@@ -226,6 +226,45 @@ def test_a_session_started_while_the_server_closes_does_not_outlive_it(tmp_path:
     assert tools.started == [] and sessions.list_sessions(sweep=False) == []
 
 
+def test_concurrent_removes_of_one_session_are_one_removal_and_named_errors(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four removes at once: the others raised ValueError (list.remove) with a traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox.mcp_server import Tools
+    from sandbox.profile import load
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(state))
+    tools = Tools(load("strict"), None, RuntimeError)
+    try:
+        sid = tools.start("sleep 30")["id"]
+        import threading
+
+        together, get = threading.Barrier(4), tools._get
+
+        def get_then_wait(session_id: str) -> object:  # every remove past the check before any ends
+            s = get(session_id)
+            together.wait(10)
+            return s
+
+        monkeypatch.setattr(tools, "_get", get_then_wait)
+
+        def remove() -> str:
+            try:
+                return "removed" if tools.remove(sid)["removed"] else "?"
+            except RuntimeError as e:
+                return str(e)
+
+        with ThreadPoolExecutor(4) as ex:
+            outs = list(ex.map(lambda _: remove(), range(4)))
+        assert outs.count("removed") >= 1 and tools.started == [], outs
+        assert all(o == "removed" or sid in o for o in outs), outs  # each error names the session
+    finally:
+        tools.close()
+
+
 def test_sigterm_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import signal
