@@ -43,12 +43,14 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,200}")
 
 # Runs inside the sandbox with the system python3; data arrives in argv, never in the source.
 DRIVER = r"""
-import asyncio, importlib.util, inspect, json, os, sys
+import asyncio, importlib.machinery, importlib.util, inspect, json, os, sys
 tok, mode, path, what, raw = sys.argv[1:6]
 extra = json.loads(raw)
 sys.argv = [path] + ([str(a) for a in extra] if mode == "statement" else [])
 sys.path.insert(0, os.path.dirname(path))
-spec = importlib.util.spec_from_file_location("__sandboxrun_script__", path)
+# (a name without .py found no loader: the driver's own AttributeError)
+spec = importlib.util.spec_from_file_location(
+    "__sandboxrun_script__", path, loader=importlib.machinery.SourceFileLoader("__sandboxrun_script__", path))
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
@@ -133,6 +135,10 @@ def _read_script(script: str | os.PathLike[str]) -> tuple[str, bytes]:
     path = os.fspath(script)
     if not path or "\0" in path:
         raise InputError("script: empty path or NUL byte")
+    if isinstance(path, str):
+        from .errors import os_bytes
+
+        os_bytes(path, "script")  # a lone surrogate: an InputError, not a UnicodeEncodeError
     from .hostpaths import open_for_reading
 
     fd = open_for_reading(path, "script")  # no link anywhere in its path: we may be root
@@ -169,6 +175,8 @@ def _check_target(function: str | None, statement: str | None) -> None:
 def _argv(target: str, args: Sequence[Any], function: str | None, statement: str | None, token: str) -> list[str]:
     if isinstance(args, (str, bytes)):
         raise InputError("args: expected a list of arguments, not a single string")
+    if not isinstance(args, (list, tuple)):
+        raise InputError(f"args: expected a list of arguments, got {type(args).__name__}")
     args = list(args)
     if function is None and statement is None:
         for i, a in enumerate(args):
@@ -310,7 +318,7 @@ def run_code(source: str, args: Sequence[str] = (), *, profile: str | Profile = 
         raise InputError("code: expected non-empty Python source")
     if "\0" in source:
         raise InputError("code: contains a NUL byte")
-    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+    if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
         raise InputError("args: expected a list of strings")
     prof = _load_profile(profile)
     argv = ["python3", "-c", source, *args]

@@ -219,7 +219,7 @@ def check_size(argv: list[str], env: dict[str, str]) -> None:
     if max(lens) > MAX_ARG_STRLEN or (env_lens and max(env_lens) > MAX_ARG_STRLEN):
         # execve's E2BIG ("argument list too long", exit 126) looked like a run that failed
         where = next((f"command[{i}]" for i, n in enumerate(lens) if n > MAX_ARG_STRLEN), None) \
-            or next(f"env[{k!r}]" for (k, _), n in zip(env.items(), env_lens) if n > MAX_ARG_STRLEN)
+            or next(f"env[{k!r}]" for (k, _), n in zip(env.items(), env_lens, strict=True) if n > MAX_ARG_STRLEN)
         raise InputError(f"{where}: over the kernel's limit of {MAX_ARG_STRLEN - 1} bytes for one argument or "
                          "variable (MAX_ARG_STRLEN): pass long data on stdin or in a file")
 

@@ -214,3 +214,17 @@ def test_a_value_over_64k_or_after_the_output_cap_is_said_so_not_lost(tmp_path: 
         assert set(r.stdout) == {"y"}, r.stdout[-80:]
     r = run_python(s, [10], function="flood")
     assert (r.returned, r.return_value, r.stdout, r.return_lost) == (True, 5, "y" * 10, None)
+
+
+def test_a_script_without_py_suffix_runs_a_function_and_bad_library_input_is_an_input_error(tmp_path: Path) -> None:
+    """`-f` on a script named without .py failed with the driver's own AttributeError; a lone
+    surrogate in the path, or args=None, raised UnicodeEncodeError / TypeError."""
+    s = tmp_path / "noext"
+    s.write_text("def add(a, b):\n    return a + b\n")
+    r = run_python(s, [1, 2], function="add")
+    assert (r.status, r.return_value) == ("ok", 3), r.stderr
+    for call, says in ((lambda: run_python("\ud800.py"), "lone surrogate"),
+                       (lambda: run_python(s, None, function="add"), "args: expected a list"),  # type: ignore[arg-type]
+                       (lambda: run_code("print(1)", None), "args: expected a list")):  # type: ignore[arg-type]
+        with pytest.raises(InputError, match=says):
+            call()
