@@ -201,6 +201,9 @@ def _shown(argv: list[str]) -> list[str]:
     return [argv[0], "-c", "<sandboxrun driver>", *argv[4:]]
 
 
+_LOST = "stdout reached the output cap before the value was written whole: print less, or raise the output limit"
+
+
 def _take_return(res: PythonResult, token: str) -> None:
     """Find the driver's tagged last line, remove it from stdout, decode the value."""
     tag = b"\n" + token.encode()
@@ -212,8 +215,7 @@ def _take_return(res: PythonResult, token: str) -> None:
             res.stdout_raw = raw[:cut]
             res.stdout = res.stdout_raw.decode(errors="replace")
         if res.stdout_truncated and res.exit_code == 0:
-            res.return_lost = ("stdout reached the output cap before the value was written: print less, or "
-                               "raise the output limit")
+            res.return_lost = _LOST
         return
     end = raw.find(b"\n", at + len(tag))
     line = raw[at + len(tag): end if end >= 0 else len(raw)]
@@ -222,7 +224,7 @@ def _take_return(res: PythonResult, token: str) -> None:
     except ValueError:
         res.stdout_raw = raw[:at]  # the tagged line, cut by the cap
         res.stdout = res.stdout_raw.decode(errors="replace")
-        res.return_lost = "stdout reached the output cap while the value was written: print less, or raise the output limit"
+        res.return_lost = _LOST
         return
     res.stdout_raw = raw[:at] + (raw[end + 1:] if end >= 0 else b"")
     res.stdout_bytes -= len(raw) - len(res.stdout_raw)  # count only what the program printed

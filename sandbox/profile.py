@@ -358,11 +358,7 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
         return hit[1]
     own = _read_toml(os.path.realpath(path))
     raw = _load_raw(path, raw=own)
-    prof = from_dict(raw, source=str(path), default_name=_stem(path), own=own.get("filesystem", {}))
-    if "uts" not in prof.namespaces and "hostname" in (own.get("process") or {}):
-        raise ProfileError("needs the uts namespace (add 'uts' to security.namespaces): without it the "
-                           "sandbox has the host's name", source=str(path), key="process.hostname",
-                           value=own["process"]["hostname"])
+    prof = from_dict(raw, source=str(path), default_name=_stem(path), own=own)
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof
 
@@ -517,11 +513,11 @@ def _nested_bind_problem(target: str, others: list[str]) -> str | None:
     return None
 
 
-def _one_per_target(binds: list[tuple[str, str, Mount]], source: str) -> list[tuple[str, str, Mount]]:
+def _one_per_target(binds: Binds, source: str) -> Binds:
     """Binds with one mount per target: the same bind twice (once tried, once required: the
     required one stands) is kept once; two different binds at one target are refused (the
     last mounted hid the other: a read-write bind over a read-only one made it writable)."""
-    out: dict[str, tuple[str, str, Mount]] = {}
+    out: dict[str, tuple[str, str, Mount]] = {}  # target -> the bind there
     for key, spec, m in binds:
         t = _norm(m.target)
         prev = out.get(t)
@@ -600,9 +596,13 @@ def bind_problem(target: str, workdir: str) -> str | None:
 _BIND_KEYS = (("ro_bind", False, False), ("ro_bind_try", False, True), ("bind", True, False))  # (writable, optional)
 
 
-def _own_values(raw: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+Binds = list[tuple[str, str, Mount]]  # (key, spec, mount)
+
+
+def _own_values(raw: dict[str, Any], source: str) -> tuple[dict[str, dict[str, Any]], Binds]:
     """Each table's keys checked one by one (known, of their type, binds that exist): what can
-    be wrong with a file on its own, so a parent's error names the parent."""
+    be wrong with a file on its own, so a parent's error names the parent. Returns the coerced
+    values and the parsed binds."""
     values: dict[str, dict[str, Any]] = {}
     for table, content in raw.items():
         if table in _SCHEMA[""]:
@@ -620,21 +620,22 @@ def _own_values(raw: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
                                    source=source, key=f"{table}.{key}")
             values[table][key] = _coerce(kind, value, _error_for(source, f"{table}.{key}", value))
     fs = values.get("filesystem", {})
-    for key, writable, optional in _BIND_KEYS:
-        for spec in fs.get(key, ()):
-            parse_bind(spec, writable=writable, optional=optional, err=_error_for(source, f"filesystem.{key}", spec))
-    return values
+    binds = [(key, spec, parse_bind(spec, writable=writable, optional=optional,
+                                    err=_error_for(source, f"filesystem.{key}", spec)))
+             for key, writable, optional in _BIND_KEYS for spec in fs.get(key, ())]
+    return values, binds
 
 
 def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str = "custom",
               own: dict[str, Any] | None = None) -> Profile:
-    """Validate a profile table. `own`: the file's own [filesystem] table when `raw` also holds
-    what it inherits through `extends` (None: all of `raw` is the file's own)."""
+    """Validate a profile table. `own`: the file's own tables when `raw` also holds what it
+    inherits through `extends` (None: all of `raw` is the file's own)."""
 
     def err_for(key: str, value: Any) -> Any:
-        return lambda msg: ProfileError(msg, source=source, key=key, value=value)
+        return _error_for(source, key, value)
 
-    values = _own_values(raw, source)
+    values, binds = _own_values(raw, source)
+    own = raw if own is None else own
     for key in ("name", "description"):
         if key in raw and not isinstance(raw[key], str):
             raise ProfileError("expected a string", source=source, key=key, value=raw[key])
@@ -659,11 +660,6 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
                            source=source, key="limits.timeout", value=raw_lim.get("timeout", limits.timeout))
 
     fs = values.get("filesystem", {})
-    binds: list[tuple[str, str, Mount]] = []  # (key, spec, mount)
-    for key, writable, optional in _BIND_KEYS:
-        for spec in fs.get(key, ()):
-            binds.append((key, spec, parse_bind(spec, writable=writable, optional=optional,
-                                                err=err_for(f"filesystem.{key}", spec))))
     binds = _one_per_target(binds, source)
     mounts = [m for _, _, m in binds]
     workdir = fs.get("workdir", "/work")
@@ -676,7 +672,7 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
     problem = workdir_problem(workdir) if view == "private" else None
     if problem:
         raise ProfileError(problem, source=source, key="filesystem.workdir", value=workdir)
-    own_fs = raw.get("filesystem", {}) if own is None else own
+    own_fs = own.get("filesystem") or {}
     for i, (key, spec, m) in enumerate(binds):
         if view == "private":
             # against every other bind, before or after it: the mounts' order is not the list's
@@ -729,6 +725,9 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             check_pattern(pattern, err_for(f"filter.{key}", pattern))
     hostname = proc.get("hostname", "sandbox")
     _check_hostname(hostname, err_for("process.hostname", hostname))
+    if "uts" not in namespaces and "hostname" in (own.get("process") or {}):  # (an inherited one goes unused)
+        raise ProfileError("needs the uts namespace (add 'uts' to security.namespaces): without it the "
+                           "sandbox has the host's name", source=source, key="process.hostname", value=hostname)
     if view == "private" and not any(not m.writable for m in mounts):
         raise ProfileError("profile binds nothing read-only, so its sandbox has no /usr and no command can run: "
                            'add extends = "strict" or filesystem.ro_bind', source=source)
