@@ -448,7 +448,7 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             # first bytes, while lines are split at the byte \n. A byte order mark may open the
             # file, as some editors write one; the line ending goes, so columns count in the line.
             text = (raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw).decode("utf-8").rstrip("\r\n")
-            obj = strictjson.loads(text)
+            obj = strictjson.loads(text, unique_keys=True)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")
             continue
@@ -458,7 +458,7 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         except RecursionError:
             yield n, _Invalid("invalid JSON: nested too deeply")
             continue
-        except ValueError as e:  # a number of over 4300 digits; NaN, Infinity
+        except ValueError as e:  # a number of over 4300 digits; NaN, Infinity; a key given twice
             yield n, _Invalid(f"invalid JSON: {e}")
             continue
         if not isinstance(obj, dict):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from typing import Any
 
@@ -125,14 +126,17 @@ def _json_type(v: Any) -> str:
     return {dict: "object", list: "array"}.get(type(v), type(v).__name__)
 
 
+# Plain decimal seconds: float() also takes "1_0" (10), "inf" and non-ASCII digits.
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[-+]?[0-9]+)?s?", re.ASCII)
+
+
 def _timeout(text: str | None) -> float:
     if text is None:
         return DEFAULT_TIMEOUT
-    t = text.strip().lower().removesuffix("s")
-    try:
-        v = float(t)
-    except ValueError:
-        raise PayloadError("timeout", f"expected a number of seconds, got {text!r}") from None
+    t = text.strip().lower()
+    if not _SECONDS.fullmatch(t):
+        raise PayloadError("timeout", f"expected a number of seconds, got {text!r}")
+    v = float(t.removesuffix("s"))
     if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT:
         raise PayloadError("timeout", f"{text!r} is out of range: more than 0 and at most {MAX_TIMEOUT:g} seconds")
     return v
@@ -153,7 +157,7 @@ def _env(text: str | None) -> dict[str, str]:
     if text is None:
         return {}
     try:
-        env = json.loads(text)
+        env = strictjson.loads(text, unique_keys=True)
     except (ValueError, RecursionError) as e:
         raise PayloadError("env", f"expected a JSON object inside the string: {e}") from None
     if not isinstance(env, dict):
@@ -161,10 +165,12 @@ def _env(text: str | None) -> dict[str, str]:
     for k, v in env.items():
         if not k or "=" in k or "\0" in k:
             raise PayloadError("env", f"invalid variable name {k!r}")
+        _utf8("env", k)
         if not isinstance(v, str):
             raise PayloadError(f"env.{k}", f"value must be a string, got {_json_type(v)}")
         if "\0" in v:
             raise PayloadError(f"env.{k}", "value contains a NUL byte")
+        _utf8(f"env.{k}", v, "surrogateescape")  # as the core checks a variable's value
     return env
 
 
@@ -206,11 +212,15 @@ def _check_depth(doc: Any, field: str) -> None:
     raise PayloadError(where, f"nested more than {MAX_DEPTH} arrays/objects deep")
 
 
+def _below(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _inside(field: str, path: str, given: str, root: str | None) -> None:
     """Every payload path must resolve inside the root, and not through a hidden directory
     below it (started in a home directory, `.ssh` or `.config` are not the model's)."""
     _utf8(field, given)
-    if root is not None and path != root and not path.startswith(root.rstrip("/") + "/"):
+    if root is not None and not _below(path, root):
         raise PayloadError(field, f"{given} is outside the allowed root {root}")
     below = path[len(root.rstrip("/")):] if root is not None else path
     hidden = [p for p in below.split("/")[:-1 if field == "scriptPath" else None] if p.startswith(".")]
@@ -220,6 +230,8 @@ def _inside(field: str, path: str, given: str, root: str | None) -> None:
 
 def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     given = _utf8("cwd", text) if text is not None else DEFAULT_CWD
+    if text is None and root is not None and not _below(os.path.realpath(base), root):
+        base = root  # `--root` below where we run: the default ./ is the root (a script's run has no cwd to give)
     # Not realpath: a link in the path (planted by an earlier run) is refused, not followed.
     path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
     _inside("cwd", path, given, root)
@@ -330,8 +342,8 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     if not text.strip():
         raise PayloadError("payload", "empty input: expected a JSON object")
     try:
-        doc = strictjson.loads(text)
-    except ValueError as e:  # also NaN, Infinity, 1e999 and a number of over 4300 digits
+        doc = strictjson.loads(text, unique_keys=True)
+    except ValueError as e:  # also NaN, Infinity, 1e999, a number of over 4300 digits, a key given twice
         raise PayloadError("payload", f"invalid JSON: {e}") from None
     except RecursionError:
         raise PayloadError("payload", "invalid JSON: nested too deeply") from None

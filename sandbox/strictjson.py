@@ -20,9 +20,20 @@ def _finite(text: str) -> float:
     return value
 
 
-def loads(text: str | bytes) -> Any:
-    """json.loads, refusing NaN, Infinity and numbers beyond a float (ValueError)."""
-    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} given more than once in an object")
+        out[key] = value
+    return out
+
+
+def loads(text: str | bytes, *, unique_keys: bool = False) -> Any:
+    """json.loads, refusing NaN, Infinity and numbers beyond a float (ValueError); with
+    `unique_keys`, also an object that names a key twice (json keeps the last, silently)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite,
+                      object_pairs_hook=_unique if unique_keys else None)
 
 
 def _children(value: dict[Any, Any] | list[Any]) -> Any:

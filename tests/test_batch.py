@@ -726,3 +726,11 @@ def test_progress_line_is_cleared_before_a_result_line() -> None:
 def test_cli_batch_an_unreadable_input_is_named(isolated) -> None:
     r = cli("batch", "/proc/self/mem")  # EIO at offset 0: was an internal error (exit 125)
     assert r.returncode == 2 and r.stderr == b"sandboxrun: error: /proc/self/mem: cannot read: Input/output error\n"
+
+
+def test_read_jsonl_refuses_a_key_given_twice() -> None:
+    """json.loads keeps the last of two `timeout`s silently: the line is invalid instead."""
+    (_, twice), (_, nested) = read_jsonl(io.BytesIO(b'{"command": "x", "timeout": 1, "timeout": 99}\n'
+                                                    b'{"command": "x", "env": {"K": "a", "K": "b"}}\n'))
+    assert twice.error == "invalid JSON: key 'timeout' given more than once in an object", twice
+    assert "'K' given more than once" in nested.error, nested

@@ -164,7 +164,13 @@ BROKEN = [
     (json.dumps(cmd("ls", timeout="121")), "timeout", "out of range"),
     (json.dumps(cmd("ls", timeout="0")), "timeout", "out of range"),
     (json.dumps(cmd("ls", timeout="soon")), "timeout", "number of seconds"),
-    (json.dumps(cmd("ls", timeout="nan")), "timeout", "out of range"),
+    (json.dumps(cmd("ls", timeout="nan")), "timeout", "number of seconds"),
+    (json.dumps(cmd("ls", timeout="1_0")), "timeout", "number of seconds"),  # float() reads 10
+    (json.dumps(cmd("ls", timeout="\u0661\u0660")), "timeout", "number of seconds"),  # Arabic-Indic 10
+    (json.dumps(cmd("ls", timeout="inf")), "timeout", "number of seconds"),
+    (json.dumps(cmd("ls", timeout="1e999")), "timeout", "out of range"),
+    ('{"action": "run_command", "action": "run_code_script", "properties": []}', "payload", "'action' given more than once"),
+    (json.dumps(cmd("ls", env='{"K": "a", "K": "b"}')), "env", "'K' given more than once"),
     (json.dumps(cmd("ls", shell="maybe")), "shell", "true"),
     (json.dumps(cmd("ls", shelltype="windowsps")), "shelltype", "not supported on Linux"),
     (json.dumps(cmd("ls", shelltype="maccmd")), "shelltype", "not supported on Linux"),
@@ -257,6 +263,19 @@ def test_root_confines_payload_paths(calc: Path, tmp_path: Path) -> None:
     assert d["request"]["cwd"] == str(tmp_path / "sub")
 
 
+def test_root_below_the_current_directory_is_the_default_cwd(calc: Path, tmp_path: Path) -> None:
+    """`--root sub`, run from its parent: a payload without cwd, and every run_code_script (which
+    has no cwd to give), works in the root; the default ./ would be outside it."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "calc.py").write_text(calc.read_text())
+    for payload in (cmd("ls"), code(scriptPath="sub/calc.py")):
+        d = execute(json.dumps(payload), base=str(tmp_path), root=str(sub), dry_run=True)
+        assert d["request"]["cwd"] == str(sub), d
+    d = execute(json.dumps(cmd("ls", cwd=".")), base=str(tmp_path), root=str(sub), dry_run=True)
+    assert d["error"]["field"] == "cwd" and "outside the allowed root" in d["error"]["message"]
+
+
 def test_submodules_are_attributes_of_the_package_imported_on_first_use() -> None:
     """README: `sandbox.doctor.diagnose()`, `sandbox.payload.execute(...)`, `sandbox.batch.BatchRequest`
     after a plain `import sandbox`, which stays cheap (the CLI's start-up): none is imported before."""
@@ -325,7 +344,10 @@ def _strict_json(text: str) -> Any:
     (cmd("ls", cwd="~\ud800"), "cwd"),
     (code(scriptPath="calc.py", args="\ud800"), "args"),
     (code(scriptPath="calc.py", method="function", args="add \ud800 1"), "args"),
-], ids=["scriptPath", "scriptPath-escape", "fileName", "cwd-tilde", "script-args", "function-args"])
+    (cmd("ls", env='{"K\\ud800": "v"}'), "env"),
+    (cmd("ls", env='{"K": "\\ud800"}'), "env.K"),
+], ids=["scriptPath", "scriptPath-escape", "fileName", "cwd-tilde", "script-args", "function-args", "env-name",
+        "env-value"])
 def test_lone_surrogate_in_a_path_or_argument_names_the_field(payload: dict[str, Any], field: str,
                                                                calc: Path) -> None:
     d = execute(json.dumps(payload), base=str(calc.parent), dry_run=True)
