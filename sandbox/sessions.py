@@ -428,19 +428,26 @@ _CTRL_PUNCT = {"@": 0, "space": 0, "[": 27, "\\": 28, "]": 29, "^": 30, "_": 31,
 
 def key_bytes(key: str, literal: bool = False) -> bytes:
     """One send-keys argument: a named key (Enter, Up, F5, C-c, M-x, M-C-x; names are
-    case-insensitive) or, failing that, the text itself."""
+    case-insensitive) or, failing that, the text itself. A C- or M- chord that names no key
+    (`C-nonsense`, `M-enterr`) is an InputError, not typed: a caller, often a model, meant a key."""
     if literal:
         return os_bytes(key, "key")
     if key.lower() in _NAMED_KEYS:
         return _NAMED_KEYS[key.lower()]
     if key.startswith("M-") and len(key) > 2:
-        return b"\x1b" + key_bytes(key[2:])
+        rest = key[2:]
+        if len(rest) > 1 and rest.lower() not in _NAMED_KEYS and not rest.startswith("C-"):
+            raise InputError(f"send-keys: unknown key {key!r}: M- takes one character or a key name "
+                             "(send text with -L, literal=True)")
+        return b"\x1b" + key_bytes(rest)
     if key.startswith("C-") and len(key) > 2:
         rest = key[2:]
         if len(rest) == 1 and rest.isascii() and rest.isalpha():
             return bytes([ord(rest.lower()) & 0x1F])
         if rest.lower() in _CTRL_PUNCT:
             return bytes([_CTRL_PUNCT[rest.lower()]])
+        raise InputError(f"send-keys: unknown key {key!r}: C- takes a letter, space or one of @[\\]^_? "
+                         "(send text with -L, literal=True)")
     return os_bytes(key, "key")
 
 

@@ -480,6 +480,11 @@ def test_key_names() -> None:
     assert [kb(k) for k in ("Enter", "enter", "C-c", "C-d", "C-[", "Up", "F5", "M-x", "Tab")] == [
         b"\r", b"\r", b"\x03", b"\x04", b"\x1b", b"\x1b[A", b"\x1b[15~", b"\x1bx", b"\t"]
     assert kb("hello world") == b"hello world" and kb("Enter", literal=True) == b"Enter"
+    assert kb("M-C-c") == b"\x1b\x03" and kb("M-Up") == b"\x1b\x1b[A" and kb("C-") == b"C-"
+    for chord in ("C-nonsense", "C-enter", "C-1", "M-enterr", "M-hello"):  # were typed as text
+        with pytest.raises(InputError, match=f"unknown key '{chord}'"):
+            kb(chord)
+        assert kb(chord, literal=True) == chord.encode()
 
 
 # ---------------------------------------------------------------------------- CLI, fresh processes
