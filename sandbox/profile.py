@@ -762,6 +762,7 @@ _NEVER_UNLIMITED = ("kill_grace", "output", "tmp_size", "shm_size", "log_size", 
 MAX_PROCESSES = 4 * 1024 * 1024  # PID_MAX_LIMIT: pids.max refuses more
 MIN_PROCESSES = 2
 MAX_KILL_GRACE = 60.0
+MAX_OUTPUT = 2**30  # per stream: the supervisor holds what it captures in memory
 
 
 def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
@@ -785,6 +786,9 @@ def check_limits(limits: Limits, source: str, raw: dict[str, Any]) -> None:
         raise ProfileError(f"is above the kernel's most pids ({MAX_PROCESSES})", source=source,
                            key="limits.processes", value=raw.get("processes", limits.processes))
 
+    if limits.output is not None and limits.output > MAX_OUTPUT:
+        raise ProfileError(f"must be at most {format_size(MAX_OUTPUT)} per stream (the capture is held in memory)",
+                           source=source, key="limits.output", value=raw.get("output", limits.output))
     for key, minimum in _MINIMUMS.items():
         v = getattr(limits, key)
         if v is not None and v < minimum:

@@ -448,6 +448,8 @@ def test_profiles_that_may_run_without_a_cgroup_keep_a_small_address_space() -> 
     ('extends = "strict"\n[limits]\ncpu_time = "0.5s"\n', "at least 1s"),
     ('extends = "strict"\n[limits]\ncpu_time = "1.5s"\n', "whole number of seconds"),
     ('extends = "strict"\n[limits]\nprocesses = 1\n', "limits.processes = 1: must be at least 2"),  # nothing ran
+    # held in the supervisor's memory: 2^62 was taken
+    ('extends = "strict"\n[limits]\noutput = "4GiB"\n', "limits.output = '4GiB': must be at most 1GiB per stream"),
     ('extends = "strict"\n[filesystem]\nro_bind = ["/usr/share://"]\n', "cannot bind over the sandbox root"),
     ('extends = "strict"\n[filesystem]\nro_bind = ["/usr/share:/opt/x:ro"]\n', "no :ro/:rw suffix"),
     # no timeout allowed, yet --timeout 20m was refused as over max_timeout
