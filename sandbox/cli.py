@@ -293,18 +293,23 @@ def _passes_stdin() -> bool:
     """Our stdin is a pipe, socket or file: the command reads a copy of it. A terminal is not
     passed on (an interactive program wants `sandboxrun start --pty`), nor a directory or a
     device; the command then reads an empty stdin."""
-    from .stdin import copyable_input
+    from .stdin import check_stream, copyable_input
 
     try:
-        return copyable_input(os.fstat(0).st_mode)
+        if not copyable_input(os.fstat(0).st_mode):
+            return False
     except OSError:
         return False
+    check_stream(0, "stdin")  # `<&5` of a write-only fd: an error, as the command itself would get
+    return True
 
 
 def cmd_run(argv: list[str], explicit: bool = False) -> int:
     """`sandboxrun [run] ...`; `explicit`: the word `run` was given, so CMD is no mistyped subcommand."""
     ns, cmd = _parse_run(argv)
     kw = run_kwargs(ns)
+    # `--shell -- 'echo a' '$HOME'`: the words joined with spaces, one script (as `sh -c "$*"`)
+    shell_cmd: Any = " ".join(cmd) if ns.shell and len(cmd) > 1 else (cmd[0] if ns.shell else cmd)
     if ns.yield_ms is not None:
         from .units import MAX_DURATION
 
@@ -313,7 +318,8 @@ def cmd_run(argv: list[str], explicit: bool = False) -> int:
         from .sessions import run_or_yield
 
         # A session's monitor reads --stdin-file by name; the CLI's own stdin does not reach it.
-        res = run_or_yield(cmd, yield_after=ns.yield_ms / 1000, shell=ns.shell, stdin_file=ns.stdin_file, **kw)
+        res = run_or_yield(shell_cmd, yield_after=ns.yield_ms / 1000, shell=ns.shell, stdin_file=ns.stdin_file,
+                           **kw)
         print(res.to_json(indent=2))
         return 0 if res.status == "running" else exit_code_for(res)
     from . import supervisor
@@ -331,7 +337,6 @@ def cmd_run(argv: list[str], explicit: bool = False) -> int:
         sys.stderr.flush()
         through = (_WriteThrough(1), _WriteThrough(2))
         kw["on_stdout"], kw["on_stderr"] = through[0].write, through[1].write
-    shell_cmd: Any = " ".join(cmd) if ns.shell and len(cmd) > 1 else (cmd[0] if ns.shell else cmd)
     res = supervisor.run(shell_cmd, shell=ns.shell, **kw)
     if ns.json:
         print(res.to_json(indent=2))

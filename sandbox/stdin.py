@@ -24,15 +24,23 @@ def copyable_input(mode: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode)
 
 
-def check_stream(fd: object) -> None:
+def write_only(fd: int) -> bool:
+    """A file opened for writing only, or a pipe's write end: its reads fail (EBADF), which
+    the copy would take as the end of the input, or a pipe's never come (a hang)."""
+    return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+
+
+def check_stream(fd: object, what: str = "stdin_from") -> None:
     if not isinstance(fd, int) or isinstance(fd, bool):
-        raise InputError(f"stdin_from: expected a file descriptor, got {type(fd).__name__}")
+        raise InputError(f"{what}: expected a file descriptor, got {type(fd).__name__}")
     try:
         mode = os.fstat(fd).st_mode
     except OSError as e:
-        raise InputError(f"stdin_from: fd {fd}: {e.strerror}") from None
+        raise InputError(f"{what}: fd {fd}: {e.strerror}") from None
     if not copyable_input(mode):
-        raise InputError(f"stdin_from: fd {fd} is not a pipe, a socket or a regular file")
+        raise InputError(f"{what}: fd {fd} is not a pipe, a socket or a regular file")
+    if write_only(fd):
+        raise InputError(f"{what}: fd {fd} is open for writing only (a pipe's write end?): nothing to read")
 
 
 class StdinSource:

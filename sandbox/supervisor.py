@@ -1126,7 +1126,7 @@ def run(
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd, stdin_from=stdin_from,
                   on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots,
                   cancel=cancel)
-    if cancel is None and _in_daemon_thread():
+    if _in_daemon_thread():
         return _execute_ended_at_exit(req)
     return execute(req)
 
@@ -1138,6 +1138,7 @@ def _in_daemon_thread() -> bool:
 
 
 _exit_cancel: Cancel | None = None  # cancelled at interpreter exit: ends the runs of daemon threads
+_exit_own: set[Cancel] = set()  # the callers' own Cancels of such runs (run_async's), cancelled with it
 _exit_runs = 0
 _exit_lock = _thread.allocate_lock()
 
@@ -1147,6 +1148,7 @@ def _execute_ended_at_exit(req: Request) -> Result:
     not wait for it at exit, and froze it mid-run, its cgroups left behind until a later
     sandboxrun's sweep. An exit hook kills it instead and waits for its clean-up."""
     global _exit_cancel, _exit_runs
+    own = req.cancel
     with _exit_lock:
         if _exit_cancel is None:
             import threading
@@ -1156,19 +1158,27 @@ def _execute_ended_at_exit(req: Request) -> Result:
             except RuntimeError:  # the interpreter is shutting down already
                 return execute(req)
             _exit_cancel = Cancel()
-        req.cancel = _exit_cancel
+        if own is None:
+            req.cancel = _exit_cancel
+        else:
+            _exit_own.add(own)
         _exit_runs += 1
     try:
         return execute(req)
     finally:
         with _exit_lock:
             _exit_runs -= 1
+            if own is not None:
+                _exit_own.discard(own)
 
 
 def _end_runs_at_exit(wait: float = 5.0) -> None:
     if _exit_cancel is None:
         return
-    _exit_cancel.cancel()
+    with _exit_lock:
+        own = list(_exit_own)
+    for cancel in (_exit_cancel, *own):
+        cancel.cancel()
     deadline = time.monotonic() + wait
     while _exit_runs and time.monotonic() < deadline:
         time.sleep(0.01)

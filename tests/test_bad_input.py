@@ -167,6 +167,24 @@ def test_a_directory_is_never_a_commands_stdin() -> None:
         os.close(fd)
 
 
+def test_a_write_only_fd_is_never_a_commands_stdin(tmp_path) -> None:
+    """A pipe's write end hung the run to its timeout; a file opened for writing ran as if
+    empty (the copy took EBADF for the end of input). Through the CLI: `cat <&5` of `exec 5>f`."""
+    r, w = os.pipe()
+    wo = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        for fd in (w, wo):
+            with pytest.raises(SandboxError, match=f"stdin_from: fd {fd} is open for writing only"):
+                sandbox.run(["cat"], stdin_from=fd, timeout="5s")
+        p = subprocess.run([sys.executable, "-m", "sandbox", "--", "cat"], stdin=wo, capture_output=True,
+                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 2 and p.stderr.endswith(b"stdin: fd 0 is open for writing only (a pipe's write "
+                                                       b"end?): nothing to read\n"), p
+    finally:
+        for fd in (r, w, wo):
+            os.close(fd)
+
+
 def test_stdin_from_a_socket_is_copied_not_handed_over(isolated) -> None:
     import socket
     import threading

@@ -548,6 +548,9 @@ def test_cli_run_yield_and_errors() -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["result"]["status"] == "signaled"
     r = cli("run", "--yield-ms", "20000", "--", "echo", "fast")
     assert r.returncode == 0 and json.loads(r.stdout)["stdout"] == "fast\n"
+    # several words after --shell are one script, as without --yield-ms (each was quoted: "echo a: not found")
+    r = cli("run", "--shell", "--yield-ms", "20000", "--", "echo a", "$HOME")
+    assert r.returncode == 0 and json.loads(r.stdout)["stdout"] == "a /tmp\n", r
     r = cli("start", "--", "rm", "-rf", "/")
     assert r.returncode == 125 and b"blocked" in r.stderr
     r = cli("start", "--", "no-such-command-xyz")  # the starter hears of it before it returns
