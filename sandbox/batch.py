@@ -192,6 +192,8 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
     is not wanted), returning once those sandboxes are gone.
     """
     workers = _positive(concurrency)
+    if not isinstance(ordered, bool):  # "no" is true to Python
+        raise InputError(f"ordered: expected True or False, got {ordered!r}")
     prof = profile if isinstance(profile, Profile) else load(profile)  # a bad profile fails now, not per line
     if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
         raise InputError(f"requests: expected an iterable of requests, got {type(requests).__name__}")

@@ -434,9 +434,9 @@ def _coerce(kind: str, value: Any, err: Any) -> Any:
         _check_abs(value, err)
         return value
     if kind == "env":
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        if not isinstance(value, dict):
             raise err("expected a table of string values")
-        for k, v in value.items():
+        for k, v in value.items():  # a variable named alone: the table may hold all a parent's too
             _check_env_pair(k, v, err)
         return tuple(value.items())
     if kind == "binds":
@@ -461,9 +461,14 @@ def _check_hostname(name: str, err: Any) -> None:
         raise err("expected 1-64 letters, digits, '-', '_' or '.', not starting with '-'")
 
 
-def _check_env_pair(k: str, v: str, err: Any) -> None:
-    if not k or "=" in k or "\0" in k or "\0" in v:
-        raise err(f"invalid environment variable {k!r}")
+def _check_env_pair(k: str, v: object, err: Any) -> None:
+    """One variable of an env table; an error names it (`process.env.A = 1`), not the table."""
+    problem = ("expected a string" if not isinstance(v, str) else
+               "invalid variable name" if not k or "=" in k or "\0" in k else
+               "contains a NUL byte" if "\0" in v else None)
+    if problem:
+        whole = err("")
+        raise ProfileError(problem, source=whole.source, key=f"{whole.key}.{k}", value=v)
 
 
 def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:

@@ -38,8 +38,8 @@ class Usage:
     cpu_sys_s: float = 0.0
     wall_s: float = 0.0
     peak_memory_bytes: int = 0  # cgroup peak where available, else max RSS of one process
-    oom_kills: int | None = 0  # None: the run had no cgroup, so none could be counted
-    pids_limit_hit: bool | None = False  # None: no cgroup (RLIMIT_NPROC's refusals are not counted)
+    oom_kills: int | None = None  # None: the run had no cgroup (or no process), so none could be counted
+    pids_limit_hit: bool | None = None  # None: no cgroup (RLIMIT_NPROC's refusals are not counted)
 
 
 @record

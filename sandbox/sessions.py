@@ -1087,8 +1087,8 @@ def start(
     profile: Any = "strict",
     name: str | None = None,
     pty: bool = False,
-    cols: int = 80,
-    rows: int = 24,
+    cols: int | None = None,
+    rows: int | None = None,
     timeout: float | str | None = None,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -1110,6 +1110,9 @@ def start(
     for label, flag in (("shell", shell), ("pty", pty), ("trace", trace), ("ends_with_caller", ends_with_caller)):
         if not isinstance(flag, bool):  # "no" and "false" are true to Python
             raise InputError(f"{label}: expected True or False, got {flag!r}")
+    if not pty and (cols is not None or rows is not None):
+        raise InputError("cols and rows size the session's terminal: only with pty=True")
+    cols, rows = 80 if cols is None else cols, 24 if rows is None else rows  # a terminal's usual size
     _check_size(cols, rows)
     if name is not None:
         _check_name(name)

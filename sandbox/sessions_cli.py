@@ -60,7 +60,6 @@ def cmd_start(argv: list[str]) -> int:
         raise InputError("--cols and --rows size the session's terminal: add --pty")
     if ns.pty and ns.stdin_file is not None:
         raise InputError("--stdin-file cannot be used with --pty: a PTY session reads its terminal")
-    ns.cols, ns.rows = 80 if ns.cols is None else ns.cols, 24 if ns.rows is None else ns.rows
     kw = run_kwargs(ns)
     shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
     try:

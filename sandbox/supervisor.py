@@ -1077,6 +1077,10 @@ def run(
         return run_or_yield(command, profile=profile, timeout=timeout, cwd=cwd, env=env, stdin=stdin, shell=shell,
                             **overrides)
     overrides.pop("yield_after", None)
+    for name in ("stdin_file", "name", "pty", "cols", "rows", "ends_with_caller"):
+        if name in overrides:  # else "override: stdin_file: unknown setting", as if a profile's
+            raise InputError(f"{name}: a session's option (sandbox.start, or run with yield_after)"
+                             + ("; here, stdin_from=an open file" if name == "stdin_file" else ""))
     started = time.monotonic()
     for name, value in (("shell", shell), ("trace", overrides.get("trace", False))):
         if not isinstance(value, bool):  # "no" and "false" are true to Python

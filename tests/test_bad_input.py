@@ -139,6 +139,9 @@ LIBRARY: list[Any] = [
     ("stdin-from-closed", ["cat"], {"stdin_from": 1 << 20}, "stdin_from: fd 1048576"),
     ("stdin-from-device", ["cat"], {"stdin_from": 0}, "not a pipe, a socket or a regular file"),  # /dev/null
     ("stdin-from-and-stdin", ["cat"], {"stdin_from": 0, "stdin": b"x"}, "give one of"),
+    # a session's options: were "override: stdin_file: unknown setting", as if a profile key
+    ("stdin-file-without-yield", ["cat"], {"stdin_file": "/etc/hostname"}, "stdin_file: a session's option"),
+    ("pty-without-yield", ["true"], {"pty": True}, "pty: a session's option"),
     ("bind-over-workdir", ["true"], {"bind": "/tmp:/work"}, "is the workdir"),
     ("ro-bind-over-tmp", ["true"], {"ro_bind": "/usr:/tmp"}, "/tmp"),
     ("ro-bind-file-over-dir", ["true"], {"ro_bind": "/etc/hostname:/usr"}, "a directory is bound"),  # was a 125
@@ -165,6 +168,13 @@ def test_a_directory_is_never_a_commands_stdin() -> None:
             sandbox.run(["cat"], stdin_from=fd)
     finally:
         os.close(fd)
+
+
+def test_options_that_python_would_take_for_true_or_for_nothing_are_refused() -> None:
+    with pytest.raises(SandboxError, match="ordered: expected True or False, got 'no'"):
+        sandbox.run_many([], ordered="no")
+    with pytest.raises(SandboxError, match="cols and rows size the session's terminal: only with pty=True"):
+        sandbox.start(["true"], cols=120)  # the CLI refuses --cols without --pty alike
 
 
 def test_a_write_only_fd_is_never_a_commands_stdin(tmp_path) -> None:
@@ -366,8 +376,10 @@ PROFILE_ROWS: list[Any] = [
     ("hostname-slash", "[process]\nhostname = \"a/b\"", "process.hostname"),
     ("hostname-nul", "[process]\nhostname = \"a\\u0000b\"", "NUL"),
     pytest.param("hostname-64-bytes", "[process]\nhostname = \"" + "\u00e9" * 40 + "\"", "process.hostname"),
-    ("env-int", "[process]\nenv = { A = 1 }", "process.env"),
-    ("env-bad-name", "[process]\nenv = { \"A=B\" = \"x\" }", "invalid environment variable"),
+    ("env-int", "[process]\nenv = { A = 1 }", "process.env.A = 1: expected a string"),
+    ("env-bad-name", "[process]\nenv = { \"A=B\" = \"x\" }", "process.env.A=B = 'x': invalid variable name"),
+    # named alone, not with the whole table it inherits from strict (PATH, HOME, LANG...)
+    ("env-int-extends", "extends = \"strict\"\n[process]\nenv = { A = 1 }", ".toml: process.env.A = 1: expected"),
     ("seccomp-unknown", "[security]\nseccomp = \"lax\"", "security.seccomp"),
     ("namespace-unknown", "[security]\nnamespaces = [\"user\"]", "unknown namespace"),
     ("private-without-mount", "[security]\nnamespaces = [\"pid\", \"net\"]", "mount namespace"),

@@ -519,3 +519,11 @@ def test_a_profile_with_a_pattern_re2_cannot_run_does_not_load(tmp_path: Path) -
     f.write_text('extends = "strict"\n[filter]\nblock = ["curl(?=\\\\s)"]\n')
     with pytest.raises(ProfileError, match="linear-time"):
         load(str(f))
+
+
+def test_a_blocked_run_counts_no_oom_kills_nor_pid_refusals() -> None:
+    """No process, no cgroup: unknown (null, as the README says), not "0 happened"."""
+    import sandbox
+
+    usage = sandbox.run("rm -rf /").to_dict()["usage"]
+    assert (usage["oom_kills"], usage["pids_limit_hit"]) == (None, None), usage
