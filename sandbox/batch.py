@@ -590,13 +590,13 @@ def main(argv: list[str]) -> int:
     """`sandboxrun batch FILE.jsonl|-`: exit 0 when every line ran (whatever the commands
     did: see each line's status), 1 when some line could not be run (an invalid request, or
     a sandbox that could not be set up), 2 on bad usage."""
-    from .cliargs import Parser
+    from .cliargs import Parser, integer
 
     p = Parser(prog="sandboxrun batch", description="Run one sandboxed request per JSONL line; "
                 "print one Result per line (with \"id\"), in input order unless --unordered.")
     p.add_argument("file", help="JSONL file, one request per line, or - for stdin")
     p.add_argument("--unordered", action="store_true", help="print each result as soon as it is done")
-    p.add_argument("--concurrency", "-j", type=int, help=f"runs at once (default: CPUs, {os.cpu_count()})")
+    p.add_argument("--concurrency", "-j", type=integer, help=f"runs at once (default: CPUs, {os.cpu_count()})")
     p.add_argument("--profile", "-p", default="strict", help="profile for lines that name none (default: strict)")
     ns = p.parse_args(argv)
     workers = _positive(ns.concurrency, "--concurrency")

@@ -278,12 +278,12 @@ def parse_run_with_argparse(argv: list[str]) -> tuple[argparse.Namespace, list[s
     """The run options, any form argparse takes; a usage error (exit 2) for the rest."""
     import argparse
 
-    from .cliargs import Parser, add_run_options, command_of
+    from .cliargs import Parser, add_run_options, command_of, integer
 
     p = Parser(prog="sandboxrun", description="Run CMD in a sandbox.",
                usage="sandboxrun [run] [OPTIONS] -- CMD [ARGS...]")
     add_run_options(p)
-    p.add_argument("--yield-ms", type=int, help="become a background session after this many ms")
+    p.add_argument("--yield-ms", type=integer, help="become a background session after this many ms")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
     return ns, command_of(p, ns, "sandboxrun [OPTIONS] -- CMD [ARGS...]")

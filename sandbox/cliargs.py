@@ -23,6 +23,17 @@ argparse._ = str  # type: ignore[attr-defined]
 argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural  # type: ignore[attr-defined]
 
 
+def integer(text: str) -> int:
+    """A whole number as written in ASCII digits: int() also takes "1_0" (10) and other
+    scripts' digits ("١")."""
+    if not (text.strip().removeprefix("-").isascii() and text.strip().removeprefix("-").isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
+integer.__name__ = "int"  # argparse names the type in its error: "invalid int value: '1_0'"
+
+
 class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.

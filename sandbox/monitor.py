@@ -123,6 +123,7 @@ class Monitor:
         self.ended = threading.Event()
         self._meta_lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self.line_open = False  # the last byte written to the terminal left a line unfinished
         self._kill_lock = threading.Lock()
         self._ready_lock = threading.Lock()
 
@@ -388,7 +389,7 @@ class Monitor:
         if op == "paste":
             data = base64.b64decode(req.get("data", ""), validate=True)
             if self.bracketed_paste:
-                data = b"\x1b[200~" + data + b"\x1b[201~"
+                data = b"\x1b[200~" + _without_paste_marks(data) + b"\x1b[201~"
             return {"ok": True, "written": self._write(data)}
         if op == "eof":
             self._eof()
@@ -414,12 +415,18 @@ class Monitor:
         return {"ok": True, "pid": self.meta.get("pid")}
 
     def _write(self, data: bytes) -> int:
-        with self._write_lock:
+        # One deadline for the wait behind an earlier write and for this one's own: a write
+        # queued behind a stuck one fails whole within WRITE_TIMEOUT, well before its client
+        # gives up (a write reported as failed must not land later: a retry would send it twice).
+        deadline = time.monotonic() + WRITE_TIMEOUT
+        if not self._write_lock.acquire(timeout=WRITE_TIMEOUT):
+            raise _Refused(f"the command is not reading its input: an earlier write still waits (0 of "
+                           f"{len(data)} bytes written)")
+        try:
             fd = self.master if self.master is not None else self.stdin_w
             if fd is None:
                 raise _Refused(f"cannot write: {self.stdin_note}")
             view = memoryview(data)
-            deadline = time.monotonic() + WRITE_TIMEOUT
             written = 0
             while view:
                 try:
@@ -434,9 +441,12 @@ class Monitor:
                 except OSError as e:  # EPIPE / EIO: nobody reads the other end any more
                     raise _Refused(f"the command's input is closed ({written} of {len(data)} bytes written; "
                                    f"{e.strerror})") from None
+                self.line_open = view[n - 1:n] not in (b"\r", b"\n")
                 view = view[n:]
                 written += n
             return written
+        finally:
+            self._write_lock.release()
 
     def _eof(self) -> None:
         if self.master is not None:
@@ -444,12 +454,26 @@ class Monitor:
                 veof = termios.tcgetattr(self.master)[6][termios.VEOF]
             except (termios.error, IndexError):
                 veof = b"\x04"
-            self._write(veof if isinstance(veof, bytes) else bytes([veof]))
+            veof = veof if isinstance(veof, bytes) else bytes([veof])
+            # After text on the line, one VEOF only hands that text over: a second ends the input.
+            self._write(veof * 2 if self.line_open else veof)
+            self.line_open = False
             return
         with self._write_lock:
             if self.stdin_w is not None:
                 os.close(self.stdin_w)
                 self.stdin_w = None
+
+
+def _without_paste_marks(data: bytes) -> bytes:
+    """Pasted text without bracketed paste's own marks: an ESC[201~ in it would end the paste
+    early and what follows would arrive as typed keys (`text ESC[201~ rm -rf ~ CR`). Removed
+    until none is left, as a removal may join the parts of another."""
+    while True:
+        cleaned = data.replace(b"\x1b[201~", b"").replace(b"\x1b[200~", b"")
+        if cleaned == data:
+            return data
+        data = cleaned
 
 
 def _caller_pidfd(req: dict[str, Any]) -> int | None:

@@ -434,6 +434,9 @@ def key_bytes(key: str, literal: bool = False) -> bytes:
         return os_bytes(key, "key")
     if key.lower() in _NAMED_KEYS:
         return _NAMED_KEYS[key.lower()]
+    if key in ("C-", "M-"):
+        raise InputError(f"send-keys: unknown key {key!r}: a chord needs its key (C-c, M-x; send text with -L, "
+                         "literal=True)")
     if key.startswith("M-") and len(key) > 2:
         rest = key[2:]
         if len(rest) > 1 and rest.lower() not in _NAMED_KEYS and not rest.startswith("C-"):
@@ -504,7 +507,11 @@ class Session:
         self.dir = os.path.join(root or state_dir(), sid)
 
     def __repr__(self) -> str:
-        return f"<Session {self.id} {self.name!r} {self.state}>"
+        try:
+            state = self.state
+        except SandboxError:  # removed: a repr never raises
+            state = "removed"
+        return f"<Session {self.id} {self.name!r} {state}>"
 
     # -- what is on disk
 
@@ -814,6 +821,8 @@ class Session:
         for k in keys:
             if not isinstance(k, str):
                 raise InputError(f"send-keys: expected key names or text (str), got {type(k).__name__}")
+            if not k:  # as write and paste refuse empty text
+                raise InputError("send-keys: an empty key (expected a key name or text)")
         return self.write(b"".join(key_bytes(k, literal) for k in keys))
 
     def submit(self) -> int:

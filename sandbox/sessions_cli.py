@@ -16,7 +16,7 @@ from typing import Any
 
 from . import sessions
 from .cli import exit_code_for, explain, run_kwargs
-from .cliargs import Parser, add_run_options, command_of
+from .cliargs import Parser, add_run_options, command_of, integer
 from .errors import InputError
 from .result import Result
 
@@ -51,8 +51,8 @@ def cmd_start(argv: list[str]) -> int:
                                                         "id null, when the filter refused the command)")
     p.add_argument("--name", "-n", help="a name to find the session by (default: derived from the command)")
     p.add_argument("--pty", action="store_true", help="give the command a terminal owned by the session")
-    p.add_argument("--cols", type=int, help="terminal width (default 80)")
-    p.add_argument("--rows", type=int, help="terminal height (default 24)")
+    p.add_argument("--cols", type=integer, help="terminal width (default 80)")
+    p.add_argument("--rows", type=integer, help="terminal height (default 24)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     ns = p.parse_args(argv)
     cmd = command_of(p, ns, "sandboxrun start [OPTIONS] -- CMD [ARGS...]")
@@ -143,8 +143,8 @@ def cmd_poll(argv: list[str]) -> int:
 
 def cmd_log(argv: list[str]) -> int:
     p = _parser("log", "Print lines of a session's log (default: the last 200).")
-    p.add_argument("--offset", type=int, help="first line to show (0-based; default: the tail)")
-    p.add_argument("--limit", type=int, help="how many lines (default 200)")
+    p.add_argument("--offset", type=integer, help="first line to show (0-based; default: the tail)")
+    p.add_argument("--limit", type=integer, help="how many lines (default 200)")
     p.add_argument("--stream", choices=("output", "stdout", "stderr"), default="output",
                    help="output (both streams as they came, default), stdout or stderr")
     ns = p.parse_args(argv)

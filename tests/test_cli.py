@@ -385,3 +385,11 @@ def test_json_has_no_lone_surrogates_for_a_command_that_is_not_utf8() -> None:
     d = json.loads(r.stdout)
     assert r.returncode == 127 and d["command"] == ["\ufffd"], d["command"]
     json.dumps(d, ensure_ascii=False).encode("utf-8")  # every string is UTF-8 text
+
+
+@pytest.mark.parametrize("args", [["--yield-ms", "1_0", "--", "true"], ["batch", "-j", "\u0661", "/dev/null"],
+                                  ["log", "x", "--limit", "2_0"], ["start", "--pty", "--cols", "8_0", "--", "sh"]])
+def test_whole_number_options_take_ascii_digits_only(args: list[str]) -> None:
+    """int() reads "1_0" as 10 and Arabic-Indic "١" as 1: each was taken."""
+    r = cli(*args)
+    assert r.returncode == 2 and b"invalid int value" in r.stderr, r

@@ -219,6 +219,7 @@ def test_a_session_folder_made_again_by_a_poll_during_removal_is_removed_all_the
     assert not folder.exists() and len(calls) == 2
     with pytest.raises(InputError, match="no longer exists|removed"):
         sessions.Session("0000abcd", str(tmp_path)).poll()
+    assert repr(sessions.Session("0000abcd", str(tmp_path))).endswith(" removed>")  # a repr never raises
 
 
 def test_kill_of_a_nested_owner_session_without_a_cgroup_ends_its_daemons(
@@ -346,8 +347,53 @@ def test_submit_and_paste() -> None:
     t.paste("xy")
     t.submit()
     assert "^[[200~xy^[[201~" in output_until(t, "201~")
+    # Its own end mark in the text ended the paste early: what followed came as typed keys.
+    t.paste("a\x1b[201~b\x1b[20\x1b[201~1~c")
+    t.submit()
+    assert "^[[200~abc^[[201~" in output_until(t, "abc^[[201~"), t.log().lines
+    with pytest.raises(InputError, match="an empty key"):  # as write and paste refuse empty text
+        t.send_keys("Enter", "")
     with pytest.raises(InputError, match="no terminal"):
         sandbox.start(["cat"]).send_keys("Enter")
+
+
+def test_eof_on_a_terminal_after_text_on_the_line_ends_the_input() -> None:
+    """One ^D after "abc" only hands "abc" over (the line discipline's VEOF): cat ran on."""
+    s = sandbox.start(["cat"], pty=True)
+    s.write("abc", eof=True)
+    res = s.wait(20)
+    assert res is not None and res.status == "ok" and res.stdout.endswith("abcabc"), res
+
+
+def test_a_write_queued_behind_a_stuck_one_fails_whole_and_never_lands_later() -> None:
+    """It waited for the lock, then its own 10 s: its client gave up at 15 s ("did not answer"),
+    yet its data went in later, so a retry would have sent it twice."""
+    import threading
+
+    s = sandbox.start(["sh", "-c", "sleep 11; wc -c"])  # reads nothing for 11 s
+    outcomes: list[str] = []
+
+    def write() -> None:
+        try:
+            outcomes.append(f"wrote {s.write(b'x' * 1_000_000)}")
+        except SandboxError as e:
+            outcomes.append(str(e))
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join(30)
+    s.write(b"", eof=True)
+    res = s.wait(30)
+    assert res is not None and res.status == "ok", res
+    partial = [o for o in outcomes if "of 1000000 bytes written" in o and "(0 of" not in o]
+    queued = [o for o in outcomes if "not reading its input" in o and "(0 of 1000000 bytes written)" in o]
+    assert len(partial) == 1 and len(queued) == 1, outcomes
+    landed = int(partial[0].split("(")[1].split(" of")[0])
+    assert int(res.stdout) == landed, (res.stdout, outcomes)  # the queued write put nothing in
+    s.remove()
 
 
 def test_log_paging() -> None:
@@ -480,8 +526,8 @@ def test_key_names() -> None:
     assert [kb(k) for k in ("Enter", "enter", "C-c", "C-d", "C-[", "Up", "F5", "M-x", "Tab")] == [
         b"\r", b"\r", b"\x03", b"\x04", b"\x1b", b"\x1b[A", b"\x1b[15~", b"\x1bx", b"\t"]
     assert kb("hello world") == b"hello world" and kb("Enter", literal=True) == b"Enter"
-    assert kb("M-C-c") == b"\x1b\x03" and kb("M-Up") == b"\x1b\x1b[A" and kb("C-") == b"C-"
-    for chord in ("C-nonsense", "C-enter", "C-1", "M-enterr", "M-hello"):  # were typed as text
+    assert kb("M-C-c") == b"\x1b\x03" and kb("M-Up") == b"\x1b\x1b[A" and kb("ls -l") == b"ls -l"
+    for chord in ("C-nonsense", "C-enter", "C-1", "M-enterr", "M-hello", "C-", "M-"):  # were typed as text
         with pytest.raises(InputError, match=f"unknown key '{chord}'"):
             kb(chord)
         assert kb(chord, literal=True) == chord.encode()
