@@ -1144,6 +1144,7 @@ def _in_daemon_thread() -> bool:
 _exit_cancel: Cancel | None = None  # cancelled at interpreter exit: ends the runs of daemon threads
 _exit_own: set[Cancel] = set()  # the callers' own Cancels of such runs (run_async's), cancelled with it
 _exit_runs = 0
+_exit_hooked = False
 _exit_lock = _thread.allocate_lock()
 
 
@@ -1151,21 +1152,23 @@ def _execute_ended_at_exit(req: Request) -> Result:
     """A run supervised by a daemon thread (run_async's, a caller's own): the interpreter does
     not wait for it at exit, and froze it mid-run, its cgroups left behind until a later
     sandboxrun's sweep. An exit hook kills it instead and waits for its clean-up."""
-    global _exit_cancel, _exit_runs
+    global _exit_cancel, _exit_runs, _exit_hooked
     own = req.cancel
     with _exit_lock:
-        if _exit_cancel is None:
+        if not _exit_hooked:
             import threading
 
             try:
                 threading._register_atexit(_end_runs_at_exit)  # type: ignore[attr-defined]
             except RuntimeError:  # the interpreter is shutting down already
                 return execute(req)
-            _exit_cancel = Cancel()
-        if own is None:
-            req.cancel = _exit_cancel
-        else:
+            _exit_hooked = True
+        if own is not None:
             _exit_own.add(own)
+        else:
+            if _exit_cancel is None:  # (a pipe, made once: only for runs without a Cancel of their own)
+                _exit_cancel = Cancel()
+            req.cancel = _exit_cancel
         _exit_runs += 1
     try:
         return execute(req)
@@ -1177,11 +1180,9 @@ def _execute_ended_at_exit(req: Request) -> Result:
 
 
 def _end_runs_at_exit(wait: float = 5.0) -> None:
-    if _exit_cancel is None:
-        return
     with _exit_lock:
-        own = list(_exit_own)
-    for cancel in (_exit_cancel, *own):
+        cancels = [*_exit_own, *([_exit_cancel] if _exit_cancel is not None else [])]
+    for cancel in cancels:
         cancel.cancel()
     deadline = time.monotonic() + wait
     while _exit_runs and time.monotonic() < deadline:
