@@ -26,7 +26,8 @@ argparse.ngettext = lambda singular, plural, n: singular if n == 1 else plural  
 def integer(text: str) -> int:
     """A whole number as written in ASCII digits: int() also takes "1_0" (10) and other
     scripts' digits ("١")."""
-    if not (text.strip().removeprefix("-").isascii() and text.strip().removeprefix("-").isdigit()):
+    digits = text.strip().removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(text)
 
