@@ -65,13 +65,15 @@ class BatchRequest:
 
 @record
 class BatchResult(Result):
-    """A Result that also carries the request's id."""
+    """A Result that also carries the request's id, and its line: an explicit id may equal
+    another request's, or another's line number, so the line is what tells them apart."""
 
     id: Any = None
+    line: int = 0  # 1-based position in the input (the line number of a JSONL file)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
-        return {"id": d.pop("id"), **d}
+        return {"id": d.pop("id"), "line": d.pop("line"), **d}
 
 
 @record
@@ -167,6 +169,7 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
     out = BatchResult.__new__(BatchResult)
     out.__dict__.update(res.__dict__)  # same fields; no copy of the captured output
     out.id = pos if rid is None else rid
+    out.line = pos
     return out
 
 

@@ -545,6 +545,15 @@ class Session:
         # Not yet recorded by the monitor: alive while the starter still waits for it.
         return _alive(m.get("starter_pid"), m.get("starter_start")) and time.time() - m.get("created", 0) < 600
 
+    def _gone(self) -> InputError:
+        return InputError(f"session {self.id} no longer exists (cleared or expired)")
+
+    def _must_exist(self) -> None:
+        """For what reads no state first: a removed session's empty log or missing terminal
+        would say something untrue."""
+        if not os.path.isdir(self.dir):
+            raise self._gone()
+
     @property
     def state(self) -> str:
         if os.path.exists(self._path("result.json")):
@@ -554,7 +563,7 @@ class Session:
             try:
                 age = time.time() - os.stat(self.dir).st_mtime
             except FileNotFoundError:
-                raise InputError(f"session {self.id} no longer exists (cleared or expired)") from None
+                raise self._gone() from None
             return "starting" if age < 60 else "lost"  # a starter is writing it, or died doing so
         if m.get("state") == "lost":
             return "lost"
@@ -726,6 +735,7 @@ class Session:
         for label, v in (("offset", offset), ("limit", limit)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise InputError(f"{label}: expected a whole number >= 0, got {v!r}")
+        self._must_exist()
         if stream == "stderr" and self.pty:
             dropped, data = 0, b""
         else:
@@ -811,6 +821,7 @@ class Session:
 
     def _need_pty(self, what: str) -> None:
         if not self.pty:
+            self._must_exist()
             raise InputError(f"{what}: session {self.id} has no terminal (start it with --pty / pty=True)")
 
     def send_keys(self, *keys: str, literal: bool = False) -> int:

@@ -854,14 +854,23 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     term_again = False  # the SIGTERM may have come before the child held its signals
     kill_at: float | None = None
     exited_at: float | None = None
+    at_deadline = False  # the deadline has passed once: what was pending then is read first
     try:
         while open_streams or exited_at is None:
             now = time.monotonic()
             if exited_at is None:
-                if deadline is not None and not timed_out and now >= deadline:
-                    timed_out = True
+                overdue = deadline is not None and not timed_out and now >= deadline
+                if overdue and not at_deadline:
+                    # What is already pending first: a command that ended at its deadline (its
+                    # exit or report line not read yet) did not time out.
+                    at_deadline = True
                     if not watch_report:
-                        _drain_report(rep_r, report)  # has the command started?
+                        _drain_report(rep_r, report)  # has the command started, or ended?
+                elif overdue and report.status is not None:
+                    deadline = None  # it ended in time; its init is ending too (bounded all the same)
+                    kill_at = now + lim.kill_grace
+                elif overdue:
+                    timed_out = True
                     _send(launched, signals.SIGTERM)  # init forwards it to every process
                     kill_at = now + lim.kill_grace
                     if not report.started:

@@ -312,6 +312,15 @@ def test_progress_on_a_terminal_only() -> None:
     assert "ETA" not in p.line(p.start + 1) and p.line(p.start + 1).startswith("1 ")
 
 
+def test_ids_that_collide_are_told_apart_by_the_line(isolated) -> None:
+    """An explicit id may equal another request's, or another's position (its default id)."""
+    out = list(sandbox.run_many([{"command": ["echo", "one"], "id": 2}, {"command": ["echo", "two"]},
+                                 {"command": ["echo", "three"], "id": 2}]))
+    assert [(r.id, r.line, r.stdout) for r in out] == [(2, 1, "one\n"), (2, 2, "two\n"), (2, 3, "three\n")]
+    assert [json.loads(r.to_json())["line"] for r in out] == [1, 2, 3]
+    assert list(json.loads(out[0].to_json()))[:2] == ["id", "line"]
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
@@ -328,6 +337,7 @@ def test_cli_batch_file_in_order(isolated, tmp_path: Path) -> None:
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert r.returncode == 1, r.stderr  # a line could not be run
     assert [d["id"] for d in lines] == ["a", 3, 4, 5]
+    assert [d["line"] for d in lines] == [1, 3, 4, 5]
     assert [d.get("stdout") for d in lines] == ["a\n", "b\n", None, "c"]
     assert lines[1]["exit_code"] == 4 and lines[1]["status"] == "nonzero_exit"
     assert lines[2]["line"] == 4 and "invalid JSON" in lines[2]["error"]
@@ -361,6 +371,7 @@ def test_batch_lines_match_the_published_schemas(isolated, tmp_path: Path) -> No
         result.validate(d)
     assert not result.is_valid(lines[1])  # why a batch stream needs its own schema
     assert not batch.is_valid({**lines[1], "status": "ok"}) and not batch.is_valid({"id": 1})
+    assert not batch.is_valid({k: v for k, v in lines[0].items() if k != "line"})  # a run's line too
 
 
 def test_cli_batch_stdin_unordered_all_valid(isolated) -> None:

@@ -217,8 +217,10 @@ def test_a_session_folder_made_again_by_a_poll_during_removal_is_removed_all_the
     monkeypatch.setattr(hostpaths, "remove_tree", racing)
     sessions._rmtree(str(folder))
     assert not folder.exists() and len(calls) == 2
-    with pytest.raises(InputError, match="no longer exists|removed"):
-        sessions.Session("0000abcd", str(tmp_path)).poll()
+    gone = sessions.Session("0000abcd", str(tmp_path))
+    for ask in (gone.poll, gone.log, lambda: gone.resize(80, 24), lambda: gone.send_keys("Enter"), gone.wait):
+        with pytest.raises(InputError, match="no longer exists|removed"):  # not an empty log, nor "no terminal"
+            ask()
     assert repr(sessions.Session("0000abcd", str(tmp_path))).endswith(" removed>")  # a repr never raises
 
 

@@ -102,6 +102,27 @@ def test_a_command_cannot_pass_its_own_signal_off_as_a_limit(isolated) -> None:
         assert (r.status, r.signal) == ("signaled", f"SIG{sig}"), r
 
 
+def test_an_end_at_the_deadline_is_no_timeout(isolated, monkeypatch) -> None:
+    """The supervisor wakes at the deadline to find the command already ended, its exit not
+    yet read (a `sleep 30` under a 30 s timeout): that is its own end, not a timeout."""
+    from sandbox import supervisor
+
+    real = supervisor._Poller.poll
+    first = [True]
+
+    def late(self, timeout):  # the first wait oversleeps: the command ends meanwhile, unread
+        if first[0] and timeout:
+            first[0] = False
+            time.sleep(timeout + 1.0)
+            return []
+        return real(self, timeout)
+
+    monkeypatch.setattr(supervisor._Poller, "poll", late)
+    r = sandbox.run(["sh", "-c", "echo done; exit 3"], timeout=0.5)
+    assert not first[0]
+    assert (r.status, r.timed_out, r.exit_code, r.stdout) == ("nonzero_exit", False, 3, "done\n"), r
+
+
 def test_timeout_past_the_grace_says_sigkill(contained) -> None:
     r = sandbox.run(["sh", "-c", "trap '' TERM; sleep 30"], timeout=0.5, kill_grace=0.3)  # sleep ignores TERM too
     assert (r.status, r.signal) == ("timeout", "SIGKILL"), r
