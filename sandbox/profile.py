@@ -338,7 +338,8 @@ def _load_raw(path: str, seen: tuple[str, ...] = (), raw: dict[str, Any] | None 
     except ProfileError as e:
         raise ProfileError(str(e).split(": ", 1)[-1], source=str(path), key="extends", value=parent_ref) from None
     parent = _load_raw(parent_path, (*seen, path))
-    _own_values(_read_toml(parent_path), parent_path)  # an error of a parent's own names the parent
+    real_parent = os.path.realpath(parent_path)  # a parent is named by its full path, whatever the error
+    _own_values(_read_toml(real_parent), real_parent)  # an error of a parent's own names the parent
     merged = _merge(parent, raw)
     merged.pop("name", None) if "name" not in raw else None
     merged.pop("description", None) if "description" not in raw else None
@@ -356,8 +357,15 @@ def load(ref: str | os.PathLike[str] = "strict") -> Profile:
     hit = _cache.get(str(path))
     if hit is not None and all(_mtime(p) == m for p, m in hit[0]):
         return hit[1]
-    own = _read_toml(os.path.realpath(path))
-    raw = _load_raw(path, raw=own)
+    real = os.path.realpath(path)
+    try:
+        own = _read_toml(real)
+        raw = _load_raw(path, raw=own)
+    except ProfileError as e:
+        if e.source != real:
+            raise  # a profile it extends: by its full path, as the caller did not name it
+        # The file the caller named, as named (as from_dict's errors below), not where links lead
+        raise ProfileError(e.reason, source=path, key=e.key, value=e.value) from None
     prof = from_dict(raw, source=str(path), default_name=_stem(path), own=own)
     _cache[str(path)] = (tuple((p, _mtime(p)) for p in _chain(path)), prof)
     return prof

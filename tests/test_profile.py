@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,24 @@ def test_errors_name_file_key_value(tmp_path, body: str, needle: str) -> None:
     assert needle in str(e.value), str(e.value)
     if "extends" not in body or "nope" in body:
         assert "bad.toml" in str(e.value)
+
+
+@pytest.mark.parametrize("body", ['[limits\nmemory = 1', '[limits]\nmemory = "lots"', 'extends = "nope"',
+                                  'extends = "own.toml"'])
+def test_errors_name_the_file_as_given_and_what_it_extends_in_full(tmp_path, monkeypatch, body: str) -> None:
+    """Malformed TOML named the file by its resolved path, a bad value as given."""
+    (tmp_path / "own.toml").write_text(body)
+    os.symlink("own.toml", tmp_path / "link.toml")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "child.toml").write_text('extends = "../link.toml"\n')
+    monkeypatch.chdir(tmp_path)
+    for given in ("link.toml", "./link.toml", str(tmp_path / "link.toml")):
+        with pytest.raises(ProfileError) as e:
+            load(given)
+        assert str(e.value).startswith(os.path.normpath(given) + ":"), str(e.value)
+    with pytest.raises(ProfileError) as e:
+        load("sub/child.toml")
+    assert str(e.value).startswith(str(tmp_path / "own.toml") + ":"), str(e.value)
 
 
 def test_extends_cycle(tmp_path) -> None:
