@@ -13,7 +13,7 @@ import os
 import stat
 
 from . import record as records
-from .errors import ProfileError
+from .errors import InputError, ProfileError
 from .record import field, record
 from .units import format_size, parse_duration, parse_size
 
@@ -495,6 +495,20 @@ def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
     return Mount(src, dst, writable, optional)
 
 
+def _no_link_before_last(m: Mount, err: Any) -> None:
+    """A profile's bind source with a link before its last component is refused by the view
+    at setup (125, every run): say so at load. (A caller's override is checked as an
+    InputError where it is taken, its last component too: with_overrides.)"""
+    from .hostpaths import MissingPath, lstat_through_real_dirs
+
+    try:
+        lstat_through_real_dirs(m.source, "source")
+    except MissingPath:
+        pass  # optional, or gone since: the view skips it or fails
+    except InputError as e:
+        raise err(str(e).split(": ", 1)[1]) from None
+
+
 HOST_VIEW_BIND = "filesystem.view = 'host' has no private view to bind into: the bind would be ignored"
 # Mounted by the sandbox itself after the binds (isolation/filesystem.py): a bind there is hidden.
 _SANDBOX_MOUNTS = ("/tmp", "/run", "/dev", "/proc")
@@ -633,9 +647,13 @@ def _own_values(raw: dict[str, Any], source: str) -> tuple[dict[str, dict[str, A
                                    source=source, key=f"{table}.{key}")
             values[table][key] = _coerce(kind, value, _error_for(source, f"{table}.{key}", value))
     fs = values.get("filesystem", {})
-    binds = [(key, spec, parse_bind(spec, writable=writable, optional=optional,
-                                    err=_error_for(source, f"filesystem.{key}", spec)))
-             for key, writable, optional in _BIND_KEYS for spec in fs.get(key, ())]
+    binds = []
+    for key, writable, optional in _BIND_KEYS:
+        for spec in fs.get(key, ()):
+            err = _error_for(source, f"filesystem.{key}", spec)
+            m = parse_bind(spec, writable=writable, optional=optional, err=err)
+            _no_link_before_last(m, err)
+            binds.append((key, spec, m))
     return values, binds
 
 

@@ -106,6 +106,19 @@ def test_errors_name_the_file_as_given_and_what_it_extends_in_full(tmp_path, mon
     assert str(e.value).startswith(str(tmp_path / "own.toml") + ":"), str(e.value)
 
 
+@pytest.mark.parametrize("key", ["ro_bind", "bind", "ro_bind_try"])
+def test_a_bind_source_through_a_link_is_refused_at_load(tmp_path, key: str) -> None:
+    """The view refuses it at setup (125, every run); a profile with one is wrong from the start."""
+    (tmp_path / "real" / "d").mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    f = tmp_path / "p.toml"
+    f.write_text(f'extends = "strict"\n[filesystem]\n{key} = ["{tmp_path}/link/d:/mnt/d"]\n')
+    with pytest.raises(ProfileError, match=f"{tmp_path}/link is a symbolic link"):
+        load(str(f))
+    f.write_text(f'extends = "strict"\n[filesystem]\n{key} = ["{tmp_path}/real/d:/mnt/d", "{tmp_path}/link:/mnt/l"]\n')
+    assert load(str(f))  # the last component may be one (reproduced as a link in the view)
+
+
 def test_extends_cycle(tmp_path) -> None:
     (tmp_path / "a.toml").write_text('extends = "./b.toml"')
     (tmp_path / "b.toml").write_text('extends = "./a.toml"')
