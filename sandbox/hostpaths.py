@@ -58,6 +58,10 @@ class MissingPath(InputError):
     """The path, or a directory on it, does not exist."""
 
 
+class LinkInPath(InputError):
+    """A directory on the path (or the path itself, where that is refused) is a symbolic link."""
+
+
 class CheckedDir:
     """A directory that passed the checks: its path, and the identity the child verifies."""
 
@@ -102,7 +106,7 @@ def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
             os.close(fd)
             fd = nfd
             if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise InputError(
+                raise LinkInPath(
                     f"{what}: {cur} is a symbolic link; a path the sandbox gets from the host may not contain "
                     "one (a run can plant links in its workdir): give the real path")
         return fd
@@ -198,7 +202,64 @@ def _bound_tree_problem(fd: int, path: str) -> str | None:
 
 
 def _tree_problem(fd: int, path: str) -> str | None:
-    return system_tree_problem(path) or _bound_tree_problem(fd, path)
+    return system_tree_problem(path) or own_files_problem(path) or _bound_tree_problem(fd, path)
+
+
+def default_state_dir() -> str:
+    """Where sessions keep their state, unless SANDBOXRUN_STATE_DIR says (sessions.state_dir)."""
+    path = os.environ.get("SANDBOXRUN_STATE_DIR", "")
+    if not path:
+        if os.geteuid() == 0:
+            path = "/run/sandboxrun"
+        elif os.path.isabs(os.environ.get("XDG_RUNTIME_DIR", "")):
+            path = os.path.join(os.environ["XDG_RUNTIME_DIR"], "sandboxrun")
+        elif os.path.isabs(os.environ.get("XDG_STATE_HOME", "")):
+            path = os.path.join(os.environ["XDG_STATE_HOME"], "sandboxrun")
+        elif os.path.isabs(home := os.environ.get("HOME", "")) and home != "/" and os.path.isdir(home):
+            # Not the host's /tmp first: runs of a profile without a mount namespace write there.
+            path = os.path.join(home, ".local", "state", "sandboxrun")
+        else:
+            path = f"/tmp/sandboxrun-{os.geteuid()}"
+    return os.path.abspath(path)
+
+
+_OWN_MODULES = ("sandbox", "prctl", "_prctl", "pyseccomp", "seccomp", "psutil")
+_own_dirs: tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None = None
+
+
+def own_dirs() -> tuple[tuple[str, str], ...]:
+    """(what, real path) of what later runs trust, which no run may write: a run that could
+    would start the next ones itself, outside any sandbox. sandboxrun's code and the modules
+    it loads (a plain module names its whole directory: site-packages), its virtual
+    environment, its cache (the native stage; compiled seccomp programs and profiles) and the
+    sessions' state (whose pids `kill` signals)."""
+    global _own_dirs
+    import sys
+
+    from .isolation.seccomp import default_cache_dir
+
+    key = (default_cache_dir(), default_state_dir(), sys.prefix,
+           *(getattr(sys.modules.get(n), "__file__", None) or "" for n in _OWN_MODULES))
+    if _own_dirs is None or _own_dirs[0] != key:
+        found = [("cache", key[0]), ("session state directory", key[1])]
+        if sys.prefix != sys.base_prefix:
+            found.append(("virtual environment", sys.prefix))
+        found += [("code", os.path.dirname(f)) for f in key[3:] if f]
+        _own_dirs = (key, tuple((what, os.path.realpath(d)) for what, d in found))
+    return _own_dirs[1]
+
+
+def own_files_problem(path: str, what: str | None = None) -> str | None:
+    """Why a run may not write `path` (absolute, link-free), a directory of its or above or
+    below it, or None: it holds, or is inside, one of own_dirs()."""
+    for label, d in own_dirs():
+        if path == d:
+            return f"{what or path} is sandboxrun's own {label}, which a run could rewrite to escape later runs"
+        if d.startswith(path.rstrip("/") + "/"):
+            return f"{what or path} holds sandboxrun's own {label} ({d}), which a run could rewrite to escape later runs"
+        if path.startswith(d + "/"):
+            return f"{what or path} is inside sandboxrun's own {label} ({d}), which a run must not write"
+    return None
 
 
 def check_writable_dir(given: object, what: str) -> CheckedDir:

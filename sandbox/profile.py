@@ -499,14 +499,14 @@ def _no_link_before_last(m: Mount, err: Any) -> None:
     """A profile's bind source with a link before its last component is refused by the view
     at setup (125, every run): say so at load. (A caller's override is checked as an
     InputError where it is taken, its last component too: with_overrides.)"""
-    from .hostpaths import MissingPath, lstat_through_real_dirs
+    from .hostpaths import LinkInPath, lstat_through_real_dirs
 
     try:
         lstat_through_real_dirs(m.source, "source")
-    except MissingPath:
-        pass  # optional, or gone since: the view skips it or fails
-    except InputError as e:
+    except LinkInPath as e:
         raise err(str(e).split(": ", 1)[1]) from None
+    except InputError:
+        pass  # missing, or not ours to read (root's /root/.pyenv): the view skips or refuses it
 
 
 HOST_VIEW_BIND = "filesystem.view = 'host' has no private view to bind into: the bind would be ignored"

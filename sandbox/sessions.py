@@ -77,15 +77,9 @@ def state_dir() -> str:
     path = os.environ.get("SANDBOXRUN_STATE_DIR", "")
     if path and not os.path.isabs(path):  # relative to whichever directory each call runs in
         raise InputError(f"SANDBOXRUN_STATE_DIR={path!r}: expected an absolute path")
-    if not path:
-        if os.geteuid() == 0:
-            path = "/run/sandboxrun"
-        elif os.path.isabs(os.environ.get("XDG_RUNTIME_DIR", "")):
-            path = os.path.join(os.environ["XDG_RUNTIME_DIR"], "sandboxrun")
-        else:
-            path = f"/tmp/sandboxrun-{os.geteuid()}"
-    path = os.path.abspath(path)
-    from .hostpaths import SHARED_TREES, SYSTEM_TREES
+    from .hostpaths import SHARED_TREES, SYSTEM_TREES, default_state_dir
+
+    path = default_state_dir()
 
     if path == "/" or path in SYSTEM_TREES or path in SHARED_TREES:
         raise SandboxError(f"state directory {path}: a directory of the host's own; sessions need one of "

@@ -390,6 +390,16 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
         # No mount namespace: the child chdirs to the directory by path, checks that it is
         # the directory checked (or made) here, and gives Landlock "." (not the path again).
         extra["cwd_id"] = (work.checked.dev, work.checked.ino) if work.checked else work.fresh_id
+    if view is None and rootless and prof.landlock != "off":
+        # No mount namespace: the run writes the host's /tmp and /dev/shm, as the caller (a root
+        # caller's runs have uids of their own, which own nothing there).
+        from .hostpaths import own_files_problem
+
+        for area in ("/tmp", "/dev/shm"):
+            problem = own_files_problem(area, f"{area}, which runs of profile {prof.name!r} may write,")
+            if problem:
+                raise InputError(f"{problem}: set XDG_CACHE_HOME (the cache), SANDBOXRUN_STATE_DIR (sessions) "
+                                 "or install sandboxrun outside it")
     rw = [inside, "/tmp", "/dev"] if view else [
         "." if "cwd_id" in extra else work.path, "/tmp", "/dev", "/dev/shm"]
     rw += [m.target for m in prof.mounts if m.writable]

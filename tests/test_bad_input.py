@@ -35,10 +35,11 @@ def bug(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(reason=f"BUG: {reason}", strict=False)
 
 
-def cli(*args: str | bytes, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+def cli(*args: str | bytes, stdin: bytes | None = None, timeout: float = 60,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "sandbox", *args], input=stdin, capture_output=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 def assert_clean_error(stderr: bytes, needle: str) -> None:
@@ -467,9 +468,9 @@ PAYLOAD_ROWS: list[Any] = [
 
 
 @pytest.mark.parametrize("text, field", _fix_ids(PAYLOAD_ROWS))
-def test_payload_rejected_naming_the_field(text: str | bytes, field: str) -> None:
+def test_payload_rejected_naming_the_field(text: str | bytes, field: str, tmp_path: Path) -> None:
     payload = pytest.importorskip("sandbox.payload")
-    reply = payload.execute(text, base=str(ROOT))
+    reply = payload.execute(text, base=str(tmp_path))  # (the checkout holds sandboxrun's own code: no workdir)
     assert set(reply) == {"error"}, reply
     assert reply["error"]["field"] == field, reply
     assert reply["error"]["message"] and "\n" not in reply["error"]["message"], reply
@@ -479,9 +480,9 @@ def test_payload_rejected_naming_the_field(text: str | bytes, field: str) -> Non
                                          if p.id in ("not-json", "unknown-action", "timeout-negative",
                                                      "cwd-missing", "over-arg-max", "not-utf8", "deeply-nested",
                                                      "lone-surrogate-split")])
-def test_payload_cli_exits_2_with_a_json_error(text: str | bytes, field: str) -> None:
+def test_payload_cli_exits_2_with_a_json_error(text: str | bytes, field: str, tmp_path: Path) -> None:
     pytest.importorskip("sandbox.payload")
-    r = cli("payload", stdin=text if isinstance(text, bytes) else text.encode())
+    r = cli("payload", stdin=text if isinstance(text, bytes) else text.encode(), cwd=tmp_path)
     assert b"Traceback" not in r.stderr and b"internal error" not in r.stderr, r.stderr
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert json.loads(r.stdout)["error"]["field"] == field

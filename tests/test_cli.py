@@ -208,14 +208,14 @@ RUN_EXIT_4 = json.dumps({"action": "run_command", "properties": [{"name": "comma
     (("payload", "--dry-run"), RUN_EXIT_4, 0),
     (("check", "--json", "--", "ls"), None, 0),
 ], ids=["run-json", "run-streaming", "payload", "payload-dry-run", "check-json"])
-def test_reader_gone_is_quiet_and_keeps_the_exit_code(args, stdin, code) -> None:
+def test_reader_gone_is_quiet_and_keeps_the_exit_code(args, stdin, code, tmp_path: Path) -> None:
     """`sandboxrun ... | head`: the reader left before the result was printed. No "internal error",
     no traceback, no exit 125 (that means "blocked"): the exit status is still the command's."""
     r_fd, w_fd = os.pipe()
     os.close(r_fd)  # the reader is gone before the first write: every write meets EPIPE
     try:
         p = subprocess.run([sys.executable, "-m", "sandbox", *args], stdout=w_fd, stderr=subprocess.PIPE,
-                           input=stdin.encode() if stdin else b"", timeout=60,
+                           input=stdin.encode() if stdin else b"", timeout=60, cwd=tmp_path,  # a payload's workdir
                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
     finally:
         os.close(w_fd)

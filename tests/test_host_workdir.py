@@ -488,3 +488,27 @@ def test_a_profiles_read_write_bind_that_holds_another_is_not_cloned_per_run(tmp
     binds = view_binds(load(str(prof)).mounts, per_run=True, workdir="/work")
     assert [b.per_run for b in binds if b.target.startswith("/data")] == [False, False]
     assert not any(b.per_run for b in view_binds(load(str(prof)).mounts, per_run=False, workdir="/work"))
+
+
+# ---------------------------------------------------------------------------- sandboxrun's own files
+
+
+def test_no_run_may_write_sandboxruns_own_code_cache_or_state(tmp_path: Path) -> None:
+    """What starts later runs (the native stage in the cache, this code, its virtual environment)
+    and the sessions' state: a run given write access to any of them, or to a directory above
+    or below one, could rewrite the next sandbox's set-up and run outside it."""
+    own = dict((what, d) for what, d in hostpaths.own_dirs())
+    assert {"cache", "session state directory", "code"} <= set(own), own
+    cache = Path(own["cache"])
+    cache.mkdir(parents=True, exist_ok=True)
+    for cwd in (ROOT, ROOT / "sandbox", ROOT / "sandbox" / "native", cache):
+        with pytest.raises(InputError, match="sandboxrun's own"):
+            sandbox.run(["true"], cwd=str(cwd))
+    with pytest.raises(InputError, match="sandboxrun's own cache"):
+        sandbox.run(["true"], bind=f"{cache}:/mnt/c")
+    with pytest.raises(InputError, match="sandboxrun's own code"):
+        sandbox.run(["true"], bind=f"{ROOT / 'sandbox'}:/mnt/c")
+    r = _cli("--cwd", str(ROOT), "--", "true")
+    assert r.returncode == 2 and "holds sandboxrun's own" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (tmp_path / "beside").mkdir()
+    assert sandbox.run(["true"], cwd=str(tmp_path / "beside")).status == "ok"  # elsewhere: as before

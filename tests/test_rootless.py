@@ -109,7 +109,7 @@ def test_user() -> Iterator[tuple[int, int]]:
 
 @pytest.fixture(scope="session")
 def tree(test_user: tuple[int, int]) -> Iterator[Tree]:
-    path = Path(tempfile.mkdtemp(prefix="sandboxrun-rootless-"))
+    path = Path(tempfile.mkdtemp(prefix="sandboxrun-rootless-", dir="/var/tmp"))  # not /tmp: nested runs write it
     try:
         path.chmod(0o755)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -665,3 +665,21 @@ def test_a_limit_above_the_callers_hard_rlimit_is_a_named_setup_error(tree: Tree
     cp = run("ulimit -Sn 50")
     r = json.loads(cp.stdout)
     assert (cp.returncode, r["status"], r["stdout"]) == (0, "ok", "256\n"), (cp.stdout, cp.stderr)
+
+
+def test_nested_as_the_user_is_refused_where_its_runs_could_write_sandboxruns_cache(tree: Tree) -> None:
+    """nested has no mount namespace: its runs write the host's /tmp as the caller. A cache there
+    (HOME or XDG_CACHE_HOME under /tmp) let a run replace the native stage, which the next run,
+    of any profile, started before any layer: a wrapper there ran with Seccomp 0, full caps."""
+    cache = Path(tempfile.mkdtemp(prefix="sandboxrun-owncache-"))  # in /tmp
+    try:
+        os.chown(cache, tree.uid, tree.gid)
+        cp = tree.as_user(["env", f"XDG_CACHE_HOME={cache}", SYS_PYTHON, "-m", "sandbox", "--profile", "nested",
+                           "--", "true"])
+        assert cp.returncode == 2 and "holds sandboxrun's own cache" in cp.stderr, cp.stderr
+        assert "XDG_CACHE_HOME" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    # Its state directory is not /tmp's either when it has a home (no XDG_RUNTIME_DIR here).
+    cp = tree.as_user([SYS_PYTHON, "-c", "from sandbox import hostpaths; print(hostpaths.default_state_dir())"])
+    assert cp.stdout.strip() == str(tree.home / ".local" / "state" / "sandboxrun"), cp
