@@ -724,6 +724,13 @@ def from_dict(raw: dict[str, Any], *, source: str = "<dict>", default_name: str 
             raise ProfileError(f"unknown namespace (known: {', '.join(NAMESPACES)}; 'user' is automatic)",
                                source=source, key="security.namespaces", value=ns)
     namespaces = tuple(n for n in NAMESPACES if n in sec.get("namespaces", NAMESPACES))
+    if view == "host" and {"mount", "pid"} & set(namespaces):
+        # Without a mount namespace there is no fresh /proc: a pid namespace would still see the
+        # host's processes, and the result would claim namespaces that change nothing.
+        shown = [n for n in ("mount", "pid") if n in namespaces]
+        raise ProfileError(f"filesystem.view = 'host' shares the host's mounts and /proc: remove "
+                           f"{' and '.join(map(repr, shown))} from security.namespaces (as nested does), or "
+                           "keep the private view", source=source, key="filesystem.view", value=view)
     if view == "private" and "mount" not in namespaces:
         raise ProfileError("filesystem.view = 'private' needs the mount namespace", source=source,
                            key="security.namespaces")

@@ -64,6 +64,9 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     ('[limits]\ntimeout = 0', "allow_no_timeout"),
     ('extends = "nope"', "extends = 'nope'"),
     ('[security]\ncgroup = "maybe"', "security.cgroup = 'maybe'"),
+    # inherits strict's namespaces: no mount namespace, so a pid namespace that still saw /proc of the host
+    ('extends = "strict"\n[filesystem]\nview = "host"', "remove 'mount' and 'pid' from security.namespaces"),
+    ('[filesystem]\nview = "host"\n[security]\nnamespaces = ["pid"]', "remove 'pid' from security.namespaces"),
     ('[limits]\nkill_grace = "unlimited"', "limits.kill_grace = 'unlimited': cannot be unlimited"),
     ('[limits]\nprocesses = 4194305', "limits.processes = 4194305: is above the kernel's most pids"),
     # a file bound where the bind of /usr has a directory: its mount would fail at setup (ENOTDIR)
