@@ -412,7 +412,10 @@ def test_callers_workdir_is_idmapped_to_the_unprivileged_run_uid(tmp_path) -> No
 
 def test_proc_entries_that_describe_the_host_are_masked(child: str) -> None:
     # The host's boot arguments (a VM's may name its control ports), keys, timers: empty inside.
-    names = [n for n in ("cmdline", "keys", "timer_list", "sched_debug", "locks") if os.path.exists(f"/proc/{n}")]
+    names = [n for n in ("cmdline", "keys", "key-users", "timer_list", "sched_debug", "locks")
+             if os.path.exists(f"/proc/{n}")]
+    with open("/proc/key-users", "rb") as f:
+        assert f.read().strip(), "the control: the host's counts keys per uid"
     with open("/proc/cmdline", "rb") as f:
         assert f.read().strip(), "the control: the host's own is not empty"
     held = open("/proc/self/exe", "rb")  # noqa: SIM115 - a lock of ours the host's /proc/locks lists

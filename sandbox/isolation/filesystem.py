@@ -67,8 +67,8 @@ PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "pressure")
 # a VM's kernel command line can name its control ports)
 # locks: every file lock on the host, with its owner's device and inode (the per-run uid
 # leases of concurrent runs among them)
-PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline", "config.gz",
-               "locks")
+PROC_MASKED = ("kcore", "keys", "key-users", "timer_list", "sched_debug", "latency_stats", "acpi", "scsi", "cmdline",
+               "config.gz", "locks")
 # The run's own devpts instance holds at most this many terminals: the kernel's pool outside
 # the host's reserve (kernel.pty.max - kernel.pty.reserve) is shared by every container and run.
 MAX_PTYS = 64
