@@ -50,6 +50,35 @@ def test_bad_input_is_an_error_message_not_an_exception() -> None:
     assert msg.status == "error" and "max_timeout" in msg.content
 
 
+@pytest.mark.parametrize("args, needle", [
+    ({"command": "true", "timeout": "abc"}, "timeout: Input should be a valid number"),
+    ({}, "command: Field required"),
+    ({"command": 5}, "command: Input should be a valid string"),
+])
+def test_arguments_of_the_wrong_shape_are_an_error_message_too(args: dict, needle: str) -> None:
+    """pydantic's ValidationError came out of invoke, into the agent loop."""
+    msg = SandboxTool().invoke({"name": "run_command", "args": args, "id": "v", "type": "tool_call"})
+    assert isinstance(msg, ToolMessage) and msg.status == "error", msg
+    assert msg.content.startswith("error: invalid arguments: ") and needle in msg.content, msg.content
+
+
+def test_cancelling_ainvoke_kills_the_sandbox() -> None:
+    """It ran _run in a thread: the task was cancelled, the sandbox ran on to its end."""
+    import time
+
+    async def main() -> float:
+        task = asyncio.ensure_future(SandboxTool().ainvoke({"command": "sleep 20"}))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        start = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - start
+
+    start = time.monotonic()
+    assert asyncio.run(main()) < 10 and time.monotonic() - start < 12  # not the 20 s of the sleep
+
+
 def test_schema_workspace_and_async(tmp_path: Path) -> None:
     (tmp_path / "f.txt").write_text("from host\n")
     tool = SandboxTool(workspace=str(tmp_path), max_output_chars=4)
@@ -66,7 +95,11 @@ def test_schema_workspace_and_async(tmp_path: Path) -> None:
     ({"run_options": {"memory": "lots"}}, ProfileError, "memory"),
     ({"run_options": {"env": {"A": 1}}}, SandboxError, "env"),
     ({"run_options": {"timeout": 5}}, InputError, "timeout"),
-], ids=["profile", "workspace", "unknown-option", "bad-option-value", "bad-env", "reserved-option"])
+    ({"run_options": {"yield_after": 0.2}}, InputError, "background session"),
+    ({"run_options": {"stdin_fd": 0}}, InputError, "stdin_fd"),
+    ({"max_output_chars": -5}, InputError, "max_output_chars"),
+], ids=["profile", "workspace", "unknown-option", "bad-option-value", "bad-env", "reserved-option", "yield-after",
+        "stdin-fd", "max-output-chars"])
 def test_bad_configuration_raises_at_construction(kwargs, error, needle) -> None:
     """A mistake of the programmer who builds the tool fails there, not as an error the model
     reads on every call and cannot fix (as `sandboxrun mcp --profile nosuch` fails at start-up)."""

@@ -20,20 +20,33 @@ ProfileError / InputError, as `sandboxrun mcp` fails at start-up.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from langchain_core.tools import BaseTool, ToolException
-from pydantic import BaseModel, Field
+try:
+    from langchain_core.tools import BaseTool, ToolException
+    from pydantic import BaseModel, Field, ValidationError
+except ImportError as e:  # as `sandboxrun mcp` without the mcp package: say what to install
+    raise ImportError(f"sandbox.integrations.langchain needs langchain-core ({e.name} is missing): "
+                      "pip install 'sandboxrun[langchain]'") from e
 
 from ..errors import InputError, SandboxError
 
 # Keywords of sandbox.run that the tool sets itself, or the model per call: not run_options.
 _SET_BY_THE_TOOL = {"command": "the model passes it", "shell": "the tool always uses /bin/sh -c",
                     "profile": "use SandboxTool(profile=...)", "cwd": "use SandboxTool(workspace=...)",
-                    "timeout": "the model passes it per call; the profile's applies otherwise"}
+                    "timeout": "the model passes it per call; the profile's applies otherwise",
+                    "yield_after": "the tool answers when the command has ended: the model has no way to "
+                                   "reach a background session",
+                    "stdin_fd": "not a sandbox.run option"}
 # Keywords of sandbox.run that are not profile settings: passed through unchecked.
-_RUN_KEYWORDS = ("stdin", "trace", "yield_after", "on_stdout", "on_stderr", "stdin_fd")
+_RUN_KEYWORDS = ("stdin", "stdin_from", "trace", "on_stdout", "on_stderr")
+
+
+def _invalid_arguments(e: ValidationError) -> str:
+    """Arguments the model got wrong (missing, of the wrong type): a message it can correct."""
+    parts = [f"{'.'.join(map(str, err.get('loc', ()))) or 'arguments'}: {err.get('msg', 'invalid')}"
+             for err in e.errors()]
+    return "error: invalid arguments: " + "; ".join(parts)
 
 
 class SandboxInput(BaseModel):
@@ -85,6 +98,7 @@ class SandboxTool(BaseTool):
     args_schema: type[BaseModel] = SandboxInput
     response_format: str = "content_and_artifact"  # the model reads text; the Result rides as artifact
     handle_tool_error: bool = True  # bad input becomes a message the model can fix
+    handle_validation_error: Any = _invalid_arguments  # arguments missing or of the wrong type too
 
     profile: Any = "strict"  # profile name, TOML path, or sandbox.Profile
     workspace: str | None = None  # host directory bound read-write as the workdir (None: fresh per run)
@@ -103,6 +117,9 @@ class SandboxTool(BaseTool):
         from ..profile import Profile, load, with_overrides
         from ..supervisor import build_env
 
+        if isinstance(self.max_output_chars, bool) or not isinstance(self.max_output_chars, int) \
+                or self.max_output_chars < 1:
+            raise InputError(f"max_output_chars: expected a whole number >= 1, got {self.max_output_chars!r}")
         prof = self.profile if isinstance(self.profile, Profile) else load(self.profile)
         _workspace(self.workspace, "workspace")
         opts = dict(self.run_options)
@@ -112,20 +129,29 @@ class SandboxTool(BaseTool):
         build_env(prof, opts.pop("env", None))
         with_overrides(prof, **{k: v for k, v in opts.items() if k not in _RUN_KEYWORDS})
 
+    def _options(self, timeout: float | None) -> dict[str, Any]:
+        return {"shell": True, "profile": self.profile, "cwd": self.workspace, "timeout": timeout,
+                **self.run_options}
+
     def _run(self, command: str, timeout: float | None = None, run_manager: Any = None,
              **_: Any) -> tuple[str, dict[str, Any]]:
         from .. import run
 
         try:
-            res = run(command, shell=True, profile=self.profile, cwd=self.workspace, timeout=timeout,
-                      **self.run_options)
+            res = run(command, **self._options(timeout))
         except SandboxError as e:
             raise ToolException(f"error: {e}") from None
         return format_result(res, self.max_output_chars), res.to_dict()
 
     async def _arun(self, command: str, timeout: float | None = None, run_manager: Any = None,
                     **_: Any) -> tuple[str, dict[str, Any]]:
-        return await asyncio.to_thread(self._run, command, timeout)
+        from .. import run_async
+
+        try:  # (not a thread running _run: cancelling the task kills the sandbox, as run_async does)
+            res = await run_async(command, **self._options(timeout))
+        except SandboxError as e:
+            raise ToolException(f"error: {e}") from None
+        return format_result(res, self.max_output_chars), res.to_dict()
 
 
 __all__ = ["SandboxTool", "SandboxInput", "format_result"]
