@@ -855,8 +855,13 @@ class Session:
     def kill(self, grace: float | None = None, timeout: float = 60.0) -> Result | None:
         """SIGTERM to the whole sandbox, SIGKILL after the grace (the profile's kill_grace);
         returns the final Result (None if it did not end within `timeout`)."""
-        if grace is not None:  # finite: a grace past MAX_DURATION overflows the monitor's select
+        if grace is not None:  # at most a profile's own most (past the wall timeout, the run's time)
+            from .profile import MAX_KILL_GRACE
+
             grace = _seconds("grace", grace)
+            if grace is not None and grace > MAX_KILL_GRACE:
+                raise InputError(f"grace: expected 0 to {MAX_KILL_GRACE:g} seconds (as a profile's kill_grace), "
+                                 f"got {grace:g}")
         timeout_ = _seconds("timeout", timeout, forever=True) if timeout is not None else None
         st = self.state
         if st in ("running", "starting"):

@@ -498,6 +498,9 @@ def test_bad_input_is_a_clear_error() -> None:
         s.clear()
     with pytest.raises(InputError, match="no terminal"):
         s.resize(10, 10)
+    with pytest.raises(InputError, match="grace: expected 0 to 60 seconds"):  # as a profile's kill_grace
+        s.kill(grace=61)
+    assert s.state == "running"  # nothing was sent
 
 
 def test_ttl_sweeps_finished_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
