@@ -160,9 +160,9 @@ def cmd_log(argv: list[str]) -> int:
     return 0
 
 
-def _ack(ns: argparse.Namespace, n: int) -> int:
-    if ns.json:
-        _print_json({"id": ns.id, "ok": True, "written": n})
+def _ack(ns: argparse.Namespace, sess: sessions.Session, n: int) -> int:
+    if ns.json:  # the session's id, not the name or prefix typed (as poll, log, clear say)
+        _print_json({"id": sess.id, "ok": True, "written": n})
     return 0
 
 
@@ -180,7 +180,8 @@ def cmd_write(argv: list[str]) -> int:
         data += b"\n"
     if not data and not ns.eof:
         raise InputError("write: nothing to write (give DATA, --stdin or --eof)")
-    return _ack(ns, sessions.get(ns.id).write(data, eof=ns.eof))
+    sess = sessions.get(ns.id)
+    return _ack(ns, sess, sess.write(data, eof=ns.eof))
 
 
 def cmd_send_keys(argv: list[str]) -> int:
@@ -189,13 +190,15 @@ def cmd_send_keys(argv: list[str]) -> int:
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.add_argument("--literal", "-L", action="store_true", help="send every KEY as literal text")
     ns = p.parse_args(argv)
-    return _ack(ns, sessions.get(ns.id).send_keys(*ns.keys, literal=ns.literal))
+    sess = sessions.get(ns.id)
+    return _ack(ns, sess, sess.send_keys(*ns.keys, literal=ns.literal))
 
 
 def cmd_submit(argv: list[str]) -> int:
     p = _parser("submit", "Press Enter in the session (a newline on a plain stdin).")
     ns = p.parse_args(argv)
-    return _ack(ns, sessions.get(ns.id).submit())
+    sess = sessions.get(ns.id)
+    return _ack(ns, sess, sess.submit())
 
 
 def cmd_paste(argv: list[str]) -> int:
@@ -204,7 +207,8 @@ def cmd_paste(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if not ns.text:  # as `write ID ''`: an empty argument is more likely a mistake than a wish
         raise InputError("paste: nothing to paste (TEXT is empty)")
-    return _ack(ns, sessions.get(ns.id).paste(ns.text))
+    sess = sessions.get(ns.id)
+    return _ack(ns, sess, sess.paste(ns.text))
 
 
 def _finished(ns: argparse.Namespace, sid: str, res: Result | None, verb: str) -> int:

@@ -556,6 +556,7 @@ def test_cli_server_found_again_from_fresh_processes(contained) -> None:
     assert page["lines"][0].startswith("Serving HTTP on") and page["offset"] == 0
     r = cli("poll", "web", "--json")
     assert json.loads(r.stdout)["ended"] is False
+    assert json.loads(cli("write", "web", "x", "--json").stdout) == {"id": sid, "ok": True, "written": 1}  # not "web"
     r = cli("kill", "web")
     assert r.returncode == 0 and b"ended: signaled" in r.stderr, r.stderr
     assert leaks.marked(mark) == []
