@@ -165,12 +165,12 @@ def test_kill_stops_the_whole_sandbox(contained) -> None:
 
 def test_a_second_kill_with_a_shorter_grace_ends_the_sandbox_at_its_own_time(contained) -> None:
     """The monitor waited out a first kill's grace under its lock: `kill --grace 0` behind a
-    `kill --grace 120` waited 30 s for an answer and the sandbox ran on."""
+    `kill --grace 60` waited 30 s for an answer and the sandbox ran on."""
     import threading
 
     s = sandbox.start(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 1; done"])
     output_until(s, "up")
-    first = threading.Thread(target=lambda: s.kill(grace=120), daemon=True)
+    first = threading.Thread(target=lambda: s.kill(grace=60), daemon=True)
     first.start()
     time.sleep(0.5)
     t = time.monotonic()
