@@ -498,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"sandboxrun {__version__}")
         return 0
+    if args[:1] == ["--debug"] and args[1:2] and args[1] in SUBCOMMANDS:
+        args = [args[1], "--debug", *args[2:]]  # `sandboxrun --debug list`: list's, not a command named list
     handler = cmd_run
     name = "run"
     if args and args[0] in SUBCOMMANDS:
@@ -520,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:
         _traceback_if(debug)
-        print(f"sandboxrun: error: {named_as_option(e) if name in ('run', 'start') else e}", file=sys.stderr)
+        print(f"sandboxrun: error: {named_as_option(e) if name in ('run', 'start', 'python') else e}",
+              file=sys.stderr)
         return e.exit_code
     except Exception as e:  # noqa: BLE001 - a CLI answers with one line, not a traceback
         _traceback_if(debug)

@@ -359,6 +359,9 @@ def _layer_rows(res: dict[str, dict[str, Any]], facts: dict[str, Any], cg: dict[
 
 def diagnose(profiles: list[str] | None = None) -> dict[str, Any]:
     """Probe every layer and every built-in profile with real trivial runs."""
+    from .supervisor import check_environment
+
+    check_environment()  # a switch that means nothing is the caller's error, not every layer failing here
     started = time.monotonic()
     facts = host_facts()
     probes = _probe_profiles(facts["rootless"])

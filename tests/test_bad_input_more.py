@@ -348,6 +348,7 @@ def test_a_debugging_switch_that_means_nothing_is_named(monkeypatch: pytest.Monk
     with pytest.raises(InputError, match=f"{name}='{value}'"):
         sessions.start(["true"])  # in the caller, not as a monitor that failed
     assert_clean_error(cli("--", "true"), f"{name}='{value}'")
+    assert_clean_error(cli("doctor"), f"{name}='{value}'")  # was: every layer NO, exit 1, as if the host lacked them
     monkeypatch.setenv(name, "0" if name != "SANDBOXRUN_FAIL_STEP" else "exec")
     assert sandbox.run(["true"]).status in ("ok", "nonzero_exit")  # a valid value still runs (or fails at exec)
 

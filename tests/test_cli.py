@@ -372,6 +372,14 @@ def test_every_subcommand_takes_debug(argv: list[str], private_state_dir: Path) 
     assert b"--debug" in cli(argv[0], "--help").stdout  # and says so in its help
 
 
+def test_debug_before_a_subcommand_is_that_subcommands(private_state_dir: Path) -> None:
+    # `sandboxrun --debug list` ran a command named `list` (127: not found).
+    r = cli("--debug", "list")
+    assert r.returncode == 0 and b"no sessions" in r.stdout + r.stderr, (r.returncode, r.stderr)
+    r = cli("--debug", "python", "--memory", "1", "-c", "pass")
+    assert r.returncode == 2 and b"Traceback" in r.stderr, r.stderr  # debug reached python's handler
+
+
 def test_options_between_positionals() -> None:
     # argparse's `?` positional after an option was refused: `profiles show --json strict`.
     r = cli("profiles", "show", "--json", "strict")

@@ -199,6 +199,12 @@ def test_cli_dash_c_runs_code_with_arguments(tmp_path: Path) -> None:
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
 
 
+def test_cli_names_the_option_typed(tmp_path: Path) -> None:
+    # It said `override: limits.memory = '4096'`, the library's words for what was typed as --memory.
+    r = cli("--memory", "4096", "-c", "pass", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == "sandboxrun: error: --memory '4096': must be at least 4MiB", r.stderr
+
+
 def test_a_value_over_64k_or_after_the_output_cap_is_said_so_not_lost(tmp_path: Path) -> None:
     """A 2 MB return value came back as nothing (returned false), its tagged driver line left
     in stdout; a value after a flood of output was lost without a word."""
