@@ -491,17 +491,20 @@ def execute(req: Request) -> Result:
         try:
             uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
         except OSError as e:  # (no writable /run for the uid locks)
-            return _setup_error(argv, prof, "identity", e.errno or 0, f"cannot lease the run's uid: {e}", started)
+            return _setup_error(argv, prof, "identity", e.errno or 0, f"cannot lease the run's uid: {e.strerror or e}", started)
         if work.fresh and work.path and not _rootless():
             try:
                 work.chown(uid, gid)
             except OSError as e:
                 return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot give the fresh workdir "
                                     f"{work.path} to the run: {e.strerror or e}", started)
-        plan = make_plan(req, work, uid, gid)
         from .isolation import rlimits
 
-        unreachable = rlimits.beyond_reach(plan.rlimits)
+        try:
+            plan = make_plan(req, work, uid, gid)
+            unreachable = rlimits.beyond_reach(plan.rlimits)
+        except rlimits.LimitsUnreadable as e:
+            return _setup_error(argv, prof, "rlimits", e.errno or 0, e.strerror, started, known=True)
         if unreachable:
             return _setup_error(argv, prof, "rlimits", errno.EPERM, unreachable, started, known=True)
         plan_pid_namespace = plan.pid_namespace

@@ -807,6 +807,28 @@ def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(
     assert p.stdout.split() == ["setup_error", step], (p.stdout, p.stderr[-2000:])
 
 
+def test_a_root_caller_whose_user_namespace_maps_no_run_uid_gets_a_named_setup_error() -> None:
+    # `unshare -U --map-root-user` maps uid 0 alone: the per-run uid could not own the run's
+    # pipes (fchown: EINVAL), and the CLI said "internal error: OSError".
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("root and util-linux unshare: a user namespace of the caller's own")
+    code = "import sandbox; r = sandbox.run(['true']); print(r.status, r.error_step); print(r.error)"
+    p = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", code], env=env(), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    status, error = p.stdout.split("\n", 1) if "\n" in p.stdout else (p.stdout, "")
+    assert status.split() == ["setup_error", "identity"], (p.stdout, p.stderr[-2000:])
+    assert "not mapped in this user namespace (/proc/self/uid_map: 0 0 1)" in error, error
+
+
+def test_limits_that_cannot_be_read_are_a_named_setup_error() -> None:
+    # prlimit64 denied to sandboxrun: getrlimit failed in the planning, "internal error: PermissionError".
+    code = ("import errno, pyseccomp as s, sandbox\n"
+            "f = s.SyscallFilter(s.ALLOW); f.add_rule(s.ERRNO(errno.EPERM), 'prlimit64'); f.load()\n"
+            "r = sandbox.run(['true']); print(r.status, r.error_step)")
+    p = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["setup_error", "rlimits"], (p.stdout, p.stderr[-2000:])
+
+
 INNOCENT = """
 import subprocess, sys
 from sandbox.isolation.uids import kill_processes_of

@@ -25,12 +25,24 @@ FIXED = (("stack", 8 << 20), ("locked_memory", 8 << 20), ("realtime_priority", 0
          ("message_queues", 819200))
 
 
+class LimitsUnreadable(OSError):
+    """Our own limits cannot be read (prlimit64 denied to sandboxrun): none could be set either."""
+
+
+def _hard(name: str) -> int:
+    try:
+        return resource.getrlimit(NAMES[name])[1]
+    except OSError as e:
+        raise LimitsUnreadable(e.errno, f"cannot read this process's {name} limit: {e.strerror} "
+                                        "(prlimit64 denied?): no limit could be set") from None
+
+
 def fixed() -> tuple[tuple[str, int], ...]:
     """FIXED, each no higher than our own hard limit: raising one takes CAP_SYS_RESOURCE,
     which a container's root often lacks (memlock 64 KiB there), and the run would fail."""
     out = []
     for name, value in FIXED:
-        hard = resource.getrlimit(NAMES[name])[1]
+        hard = _hard(name)
         out.append((name, value if hard == resource.RLIM_INFINITY else min(value, hard)))
     return tuple(out)
 
@@ -62,7 +74,7 @@ def ceiling(name: str) -> int | None:
     """The highest value of limit `name` this process can give a child, or None: any."""
     if may_raise_hard_limits():
         return None
-    hard = resource.getrlimit(NAMES[name])[1]
+    hard = _hard(name)
     return None if hard == resource.RLIM_INFINITY else hard
 
 

@@ -9,6 +9,7 @@ lock per uid on one lock file, released automatically if the supervisor dies).
 from __future__ import annotations
 
 import _thread
+import errno
 import fcntl
 import os
 import stat
@@ -118,8 +119,34 @@ def check_lock_file() -> None:
         os.close(_open_lock_file())
 
 
+def unmapped(base: int, count: int) -> str | None:
+    """Why the per-run ids cannot be given here: our user namespace (`unshare -U
+    --map-root-user`: only uid 0) does not map them, so no file or process could take them."""
+    for name in ("uid_map", "gid_map"):
+        try:
+            with open(f"/proc/self/{name}") as f:
+                rows = [tuple(int(x) for x in line.split()) for line in f]
+        except (OSError, ValueError):
+            return None  # no /proc to tell: chown and setuid answer
+        if not any(len(r) == 3 and r[0] <= base and base + count <= r[0] + r[2] for r in rows):
+            shown = "; ".join(" ".join(map(str, r)) for r in rows)
+            return (f"the per-run ids {base}..{base + count - 1} are not mapped in this user namespace "
+                    f"(/proc/self/{name}: {shown}): map them (or move them with SANDBOXRUN_UID_BASE and "
+                    "SANDBOXRUN_UID_COUNT into what is mapped), or run sandboxrun as an unprivileged user, "
+                    "whose runs get a user namespace of their own")
+    return None
+
+
+_mapped: list[bool] = []  # once per process: a namespace's maps are written once
+
+
 def allocate() -> Lease:
     base, count = uid_range()  # first: a bad range is an InputError, before anything is opened
+    if not _mapped:
+        why = unmapped(base, count)
+        if why:
+            raise OSError(errno.EINVAL, why)
+        _mapped.append(True)
     fd = _open_lock_file()
     # Each process scans from its own random slot (so processes rarely contend for a lock) and
     # takes the first free one: a process running one command at a time keeps reusing the same
