@@ -207,9 +207,11 @@ def _tree_problem(fd: int, path: str) -> str | None:
 
 def default_state_dir() -> str:
     """Where sessions keep their state, unless SANDBOXRUN_STATE_DIR says (sessions.state_dir)."""
+    from .isolation.cgroups import caller_uid  # the real caller, also inside the CLI's user namespace
+
     path = os.environ.get("SANDBOXRUN_STATE_DIR", "")
     if not path:
-        if os.geteuid() == 0:
+        if caller_uid() == 0:
             path = "/run/sandboxrun"
         elif os.path.isabs(os.environ.get("XDG_RUNTIME_DIR", "")):
             path = os.path.join(os.environ["XDG_RUNTIME_DIR"], "sandboxrun")
@@ -219,7 +221,7 @@ def default_state_dir() -> str:
             # Not the host's /tmp first: runs of a profile without a mount namespace write there.
             path = os.path.join(home, ".local", "state", "sandboxrun")
         else:
-            path = f"/tmp/sandboxrun-{os.geteuid()}"
+            path = f"/tmp/sandboxrun-{caller_uid()}"
     return os.path.abspath(path)
 
 
@@ -241,12 +243,33 @@ def own_dirs() -> tuple[tuple[str, str], ...]:
     key = (default_cache_dir(), default_state_dir(), sys.prefix,
            *(getattr(sys.modules.get(n), "__file__", None) or "" for n in _OWN_MODULES))
     if _own_dirs is None or _own_dirs[0] != key:
-        found = [("cache", key[0]), ("session state directory", key[1])]
+        found = [("cache", key[0]), ("session state directory", key[1]), *_usual_places()]
         if sys.prefix != sys.base_prefix:
             found.append(("virtual environment", sys.prefix))
         found += [("code", os.path.dirname(f)) for f in key[3:] if f]
         _own_dirs = (key, tuple((what, os.path.realpath(d)) for what, d in found))
     return _own_dirs[1]
+
+
+def _usual_places() -> list[tuple[str, str]]:
+    """The cache and state directories of the caller's other invocations: this one's follow
+    HOME, XDG_* and SANDBOXRUN_STATE_DIR, which another may not share."""
+    import pwd
+
+    from .isolation.cgroups import caller_uid
+
+    uid = caller_uid()
+    if uid == 0:
+        return [("cache", "/var/cache/sandboxrun"), ("session state directory", "/run/sandboxrun")]
+    out = [("session state directory", f"/run/user/{uid}/sandboxrun")]
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:  # a uid without a passwd entry: no usual home
+        return out
+    if os.path.isabs(home) and home != "/":
+        out += [("cache", os.path.join(home, ".cache", "sandboxrun")),
+                ("session state directory", os.path.join(home, ".local", "state", "sandboxrun"))]
+    return out
 
 
 def own_files_problem(path: str, what: str | None = None) -> str | None:

@@ -1231,12 +1231,13 @@ def _monitor_env(sdir: str) -> dict[str, str]:
 
 
 def _spawn_monitor(sdir: str) -> None:
+    # -P: `-m` would put its working directory, the session folder, first on the import path.
     r, w = os.pipe()
     err = os.open(os.path.join(sdir, "monitor.log"),
                   os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-s", "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,
+            [sys.executable, "-s", "-P", "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,
             env=_monitor_env(sdir), start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=err, close_fds=True,
         )

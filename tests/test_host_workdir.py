@@ -512,3 +512,30 @@ def test_no_run_may_write_sandboxruns_own_code_cache_or_state(tmp_path: Path) ->
     assert r.returncode == 2 and "holds sandboxrun's own" in r.stderr and "Traceback" not in r.stderr, r.stderr
     (tmp_path / "beside").mkdir()
     assert sandbox.run(["true"], cwd=str(tmp_path / "beside")).status == "ok"  # elsewhere: as before
+
+
+def test_the_usual_cache_and_state_places_stay_protected_whatever_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only this call's cache and state directory were known: with SANDBOXRUN_STATE_DIR (or HOME,
+    # XDG_*) set elsewhere, a run could be given the ones every other invocation uses.
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    own = hostpaths.own_dirs()
+    assert ("session state directory", str(tmp_path / "state")) in own, own
+    if os.geteuid() == 0:
+        assert ("session state directory", "/run/sandboxrun") in own and ("cache", "/var/cache/sandboxrun") in own
+        for d in ("/run/sandboxrun", "/var/cache/sandboxrun"):
+            if os.path.isdir(d):
+                with pytest.raises(InputError, match="sandboxrun's own|a system directory"):
+                    sandbox.run(["true"], bind=f"{d}:/mnt/s")
+    # A user's: those below the home their passwd entry names, whatever HOME says now.
+    import pwd
+    from types import SimpleNamespace
+
+    from sandbox.isolation import cgroups
+
+    monkeypatch.setattr(cgroups, "caller_uid", lambda: 4321)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: SimpleNamespace(pw_dir=f"/home/u{uid}"))
+    assert set(hostpaths._usual_places()) == {
+        ("session state directory", "/run/user/4321/sandboxrun"), ("cache", "/home/u4321/.cache/sandboxrun"),
+        ("session state directory", "/home/u4321/.local/state/sandboxrun")}

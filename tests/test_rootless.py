@@ -683,3 +683,16 @@ def test_nested_as_the_user_is_refused_where_its_runs_could_write_sandboxruns_ca
     # Its state directory is not /tmp's either when it has a home (no XDG_RUNTIME_DIR here).
     cp = tree.as_user([SYS_PYTHON, "-c", "from sandbox import hostpaths; print(hostpaths.default_state_dir())"])
     assert cp.stdout.strip() == str(tree.home / ".local" / "state" / "sandboxrun"), cp
+
+
+@pytest.mark.parametrize("where", [".local/state/sandboxrun", ".local", ".cache"])
+def test_the_rootless_cli_keeps_runs_off_its_real_cache_and_state(tree: Tree, where: str) -> None:
+    """The CLI's process enters a user namespace, where geteuid() says 0: the state directory it
+    protected was root's /run/sandboxrun, and `--cwd ~/.local/state/sandboxrun` gave a run the
+    user's sessions (a request.json rewritten to a profile without seccomp ran at the next start)."""
+    target = tree.home / where
+    cp = tree.as_user(["mkdir", "-p", str(target)])
+    assert cp.returncode == 0, cp.stderr
+    for args in (["--cwd", str(target)], ["--bind", f"{target}:/mnt/x"]):
+        cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", *args, "--", "true"])
+        assert cp.returncode == 2 and "sandboxrun's own" in cp.stderr, (args, cp.returncode, cp.stderr)

@@ -4,6 +4,7 @@ wrong: none reports an ended session as running, none fails with an internal err
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -134,3 +135,16 @@ def test_a_read_only_state_directory_is_named(state: Path) -> None:
         assert "Read-only file system" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert cli("log", s.id, prefix=ro).stdout == "hi\n"  # what needs no writing still works
     s.clear()
+
+
+def test_the_monitor_imports_nothing_from_its_session_folder(tmp_path: Path) -> None:
+    # `python -m` put its working directory, the session folder, first on the import path: a
+    # `secrets.py` there (written by whoever can write the state directory) ran as the caller.
+    sdir = tmp_path / "planted"
+    sdir.mkdir()
+    marker = tmp_path / "imported"
+    for name in ("secrets", "json", "socket", "selectors", "signal", "base64"):
+        (sdir / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    with contextlib.suppress(SandboxError):  # no request.json: the monitor fails, after its imports
+        sessions._spawn_monitor(str(sdir))
+    assert not marker.exists(), marker.read_text()
