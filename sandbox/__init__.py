@@ -33,45 +33,9 @@ async def run_async(command: Any, **kwargs: Any) -> Result:
     """asyncio variant: the run is supervised in a thread of its own; the loop never blocks.
     Cancelling the task kills the sandbox (and waits for that) before the CancelledError
     goes on."""
-    import asyncio
-    import threading
+    from .asyncrun import in_thread
 
-    from .supervisor import Cancel
-
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Result] = loop.create_future()
-    cancel = Cancel()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if not done.done():
-            done.set_exception(error) if error is not None else done.set_result(result)
-
-    def work() -> None:
-        result, error = None, None
-        try:
-            result = run(command, cancel=cancel, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - raised in the task
-            error = e
-        finally:
-            cancel.close()
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is closed: nobody waits for it
-            pass
-
-    # A thread per run, not the loop's default executor: its few workers would cap how many
-    # runs go at once, and asyncio.run() would wait for them on the way out.
-    threading.Thread(target=work, name="sandboxrun-async", daemon=True).start()
-    try:
-        return await asyncio.shield(done)
-    except asyncio.CancelledError:
-        if not done.done():
-            cancel.cancel()
-            try:
-                await done  # the sandbox is gone before the cancellation goes on
-            except BaseException:  # noqa: BLE001 - the run's own outcome is not wanted now
-                pass
-        raise
+    return await in_thread(lambda cancel: run(command, cancel=cancel, **kwargs))
 
 
 def run_many(requests: Any, concurrency: int | None = None, **kwargs: Any) -> Any:

@@ -54,15 +54,26 @@ def _imports() -> tuple[Any, type[Exception], Any]:
     return FastMCP, ToolError, Field
 
 
+MAX_SESSIONS = 16  # background sessions a server keeps at once (each a monitor process, logs on disk)
+HOST_ONLY = ("dir", "pid", "monitor_pid")  # a session's host folder and host pids: nothing the model can use
+
+
+def _for_peer(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in info.items() if k not in HOST_ONLY}
+
+
 class Tools:
     """The tool implementations (synchronous; the server runs them in worker threads)."""
 
-    def __init__(self, profile: Profile, workspace: str | None, tool_error: type[Exception]) -> None:
+    def __init__(self, profile: Profile, workspace: str | None, tool_error: type[Exception],
+                 max_sessions: int = MAX_SESSIONS) -> None:
         self.profile = profile
         self.workspace = workspace
+        self.max_sessions = max_sessions
         self.ToolError = tool_error
         self.started: list[str] = []  # background sessions this server started (killed on exit)
         self._closing = False  # set by close(): a start that finishes after it removes its session
+        self._starting = 0  # starts under way: counted against max_sessions with the started ones
         self._lock = threading.Lock()
 
     # -- helpers
@@ -70,8 +81,10 @@ class Tools:
     def _fail(self, message: str) -> Exception:
         return self.ToolError(message)
 
-    def _kw(self, timeout: float | None) -> dict[str, Any]:
+    def _kw(self, timeout: float | None, cancel: Any = None) -> dict[str, Any]:
         kw: dict[str, Any] = {"profile": self.profile, "cwd": self.workspace}
+        if cancel is not None:
+            kw["cancel"] = cancel
         if timeout is not None:
             kw["timeout"] = timeout
         return kw
@@ -107,19 +120,20 @@ class Tools:
     # -- foreground
 
     def run_command(self, command: str, timeout: float | None = None, stdin: str | None = None,
-                    env: dict[str, str] | None = None) -> dict[str, Any]:
+                    env: dict[str, str] | None = None, cancel: Any = None) -> dict[str, Any]:
         from .supervisor import run
 
-        return self._checked(self._call(run, command, shell=True, stdin=stdin, env=env, **self._kw(timeout)))
+        return self._checked(self._call(run, command, shell=True, stdin=stdin, env=env,
+                                        **self._kw(timeout, cancel)))
 
     def run_python(self, code: str | None = None, script: str | None = None, args: list[Any] | None = None,
                    function: str | None = None, statement: str | None = None, timeout: float | None = None,
-                   stdin: str | None = None) -> dict[str, Any]:
+                   stdin: str | None = None, cancel: Any = None) -> dict[str, Any]:
         from .coderunner import run_code, run_python
 
         if (code is None) == (script is None):
             raise self._fail("give exactly one of `code` (Python source) or `script` (a file in the workspace)")
-        kw = self._kw(timeout)
+        kw = self._kw(timeout, cancel)
         if code is not None:
             if function is not None or statement is not None:
                 raise self._fail("function and statement apply to a `script`, not to `code`")
@@ -154,13 +168,22 @@ class Tools:
               name: str | None = None) -> dict[str, Any]:
         from . import sessions
 
-        # ends_with_caller: they are killed on close(), and by their monitors if we are SIGKILLed
-        s = self._call(sessions.start, command, shell=True, pty=pty, name=name, ends_with_caller=True,
-                       **self._kw(timeout))
+        with self._lock:
+            if len(self.started) + self._starting >= self.max_sessions:
+                raise self._fail(f"this server keeps at most {self.max_sessions} background sessions: remove one "
+                                 "that has ended (or kill and remove one) first")
+            self._starting += 1
+        try:
+            # ends_with_caller: they are killed on close(), and by their monitors if we are SIGKILLed
+            s = self._call(sessions.start, command, shell=True, pty=pty, name=name, ends_with_caller=True,
+                           **self._kw(timeout))
+        finally:
+            with self._lock:
+                self._starting -= 1
         with self._lock:
             if not self._closing:
                 self.started.append(s.id)
-                return s.info()
+                return _for_peer(s.info())
         try:  # the server closed while this one started: nothing of it may outlive the server
             s.remove(grace=0)
         except Exception:  # noqa: BLE001 - best effort; it may be gone already
@@ -171,7 +194,7 @@ class Tools:
         from . import sessions
 
         mine = [s for s in self._call(sessions.list_sessions) if s.id in self.started]
-        return {"sessions": [s.info() for s in mine]}
+        return {"sessions": [_for_peer(s.info()) for s in mine]}
 
     def poll(self, session_id: str) -> dict[str, Any]:
         return self._call(self._get(session_id).poll).to_dict()
@@ -179,7 +202,8 @@ class Tools:
     def log(self, session_id: str, offset: int | None = None, limit: int | None = None,
             stream: str = "output") -> dict[str, Any]:
         page = self._call(self._get(session_id).log, offset=offset, limit=limit, stream=stream)
-        return {**page.to_dict(), "hint": page.hint()}
+        hint = page.hint()  # (in the CLI's words: --offset N --limit M)
+        return {**page.to_dict(), "hint": hint and hint.replace("--offset ", "offset=").replace("--limit ", "limit=")}
 
     def write(self, session_id: str, data: str, eof: bool = False) -> dict[str, Any]:
         return {"id": session_id, "written": self._call(self._get(session_id).write, data, eof=eof), "eof": eof}
@@ -214,16 +238,30 @@ class Tools:
         self.started.clear()
 
 
-def build_server(profile: str | Profile = "strict", workspace: str | None = None) -> tuple[Any, Tools]:
-    """The MCP server object (FastMCP/MCPServer) with every tool registered, and its Tools."""
+def default_max_runs() -> int:
+    return max(2, os.cpu_count() or 1)
+
+
+def build_server(profile: str | Profile = "strict", workspace: str | None = None, *, max_runs: int | None = None,
+                 max_sessions: int = MAX_SESSIONS) -> tuple[Any, Tools]:
+    """The MCP server object (FastMCP/MCPServer) with every tool registered, and its Tools.
+    At most `max_runs` foreground runs go at once (more calls wait their turn), and at most
+    `max_sessions` background sessions are kept."""
+    import anyio
     import anyio.to_thread
 
+    from .asyncrun import in_thread
     from .profile import load
 
     server_cls, tool_error, Field = _imports()
     prof = profile if isinstance(profile, Profile) else load(profile)
     ws = _workspace(workspace)
-    tools = Tools(prof, ws, tool_error)
+    tools = Tools(prof, ws, tool_error, max_sessions)
+    # The SDK reads its input and writes its replies through anyio's default thread pool (40
+    # threads): tool calls that filled it stalled every other request, ping and cancel included.
+    # Short tools get a pool of their own; runs a thread each (in_thread), at most max_runs at once.
+    tool_threads = anyio.CapacityLimiter(16)
+    run_slots = anyio.Semaphore(max_runs or default_max_runs())
     inside = prof.workdir if prof.workdir != "same" else (ws or "a fresh directory")
     where = (f"it is the server's workspace, shared by every call (host directory {ws})" if ws
              else "it is a fresh empty directory for each call; nothing persists between calls")
@@ -241,7 +279,15 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
 
     def threaded(method: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
         async def call(**kw: Any) -> dict[str, Any]:
-            return await anyio.to_thread.run_sync(functools.partial(method, **kw))
+            return await anyio.to_thread.run_sync(functools.partial(method, **kw), limiter=tool_threads)
+
+        return call
+
+    def a_run(method: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+        """A foreground run: a cancelled call (notifications/cancelled) kills its sandbox."""
+        async def call(**kw: Any) -> dict[str, Any]:
+            async with run_slots:
+                return await in_thread(lambda cancel: method(cancel=cancel, **kw))
 
         return call
 
@@ -259,7 +305,7 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
                           stdin: T[str | None, Field(strict=True, description="Text fed to the command's stdin")] = None,
                           env: T[dict[str, str] | None, Field(strict=True, description="Extra environment variables")]
                           = None) -> dict[str, Any]:
-        return await threaded(tools.run_command)(command=command, timeout=timeout, stdin=stdin, env=env)
+        return await a_run(tools.run_command)(command=command, timeout=timeout, stdin=stdin, env=env)
 
     async def run_python(
         code: T[str | None, Field(strict=True, description="Python source to run (python3 -c CODE); "
@@ -276,7 +322,7 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
         timeout: Timeout = None,
         stdin: T[str | None, Field(strict=True, description="Text fed to the program's stdin")] = None,
     ) -> dict[str, Any]:
-        return await threaded(tools.run_python)(code=code, script=script, args=args, function=function,
+        return await a_run(tools.run_python)(code=code, script=script, args=args, function=function,
                                                 statement=statement, timeout=timeout, stdin=stdin)
 
     async def check_command(command: T[str, Field(strict=True, description="Shell command line to check")]) -> dict[str, Any]:
@@ -341,6 +387,65 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
     return server, tools
 
 
+def _error_reply(error: Exception) -> Any:
+    """The reply JSON-RPC prescribes for a line that is no JSON (-32700) or no JSON-RPC message
+    (-32600): the SDK dropped both without a word, and the client waited for ever."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import ErrorData, JSONRPCError
+
+    details = getattr(error, "errors", None)
+    try:
+        kinds = {e.get("type") for e in details()} if callable(details) else set()
+    except Exception:  # noqa: BLE001 - a detail, not worth failing the reply for
+        kinds = set()
+    bad_json = "json_invalid" in kinds or isinstance(error, ValueError) and not kinds
+    code, what = (-32700, "Parse error: not JSON") if bad_json else (-32600, "Invalid Request: not a JSON-RPC message")
+    detail = str(error).splitlines()
+    message = f"{what} ({detail[-1].strip()[:200]})" if detail else what
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message)))
+
+
+async def _serve_stdio(server: Any) -> None:
+    """What server.run("stdio") does, answering a malformed line with a JSON-RPC error."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    low = getattr(server, "_lowlevel_server", None) or server._mcp_server
+    async with stdio_server() as (read, write):
+        inner_send, inner_read = anyio.create_memory_object_stream[Any](0)
+
+        async def forward() -> None:
+            async with inner_send:
+                async for item in read:
+                    if isinstance(item, Exception):
+                        try:
+                            reply = _error_reply(item)
+                        except Exception:  # noqa: BLE001 - an SDK whose types differ: silence, as before
+                            continue
+                        await write.send(reply)
+                    else:
+                        await inner_send.send(item)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(forward)
+            await low.run(inner_read, write, low.create_initialization_options())
+
+
+def serve(server: Any) -> None:
+    """Serve over stdio until the end of the input."""
+    try:
+        import anyio
+        from mcp.server.stdio import stdio_server  # noqa: F401
+        from mcp.shared.message import SessionMessage  # noqa: F401
+
+        if not (hasattr(server, "_lowlevel_server") or hasattr(server, "_mcp_server")):
+            raise ImportError("no low-level server")
+    except ImportError:  # an SDK without what _serve_stdio uses: its own loop
+        server.run("stdio")
+        return
+    anyio.run(_serve_stdio, server)
+
+
 def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
     """The workspace's real path; InputError (named `what`) unless it is a directory."""
     if workspace is None:
@@ -357,28 +462,50 @@ def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
     return check_writable_dir(path, what).path  # never `/` or a system tree (every call may write it)
 
 
+def _count(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not 1 <= n <= 1024:
+            raise argparse.ArgumentTypeError(f"expected 1 to 1024, got {n}")
+        return n
+
+    parse.__name__ = option  # argparse names the option in its error
+    return parse
+
+
 def main(argv: list[str]) -> int:
     from .cliargs import Parser
 
-    p = Parser(prog="sandboxrun mcp", usage="sandboxrun mcp [--profile P] [--workspace DIR]",
+    p = Parser(prog="sandboxrun mcp",
+               usage="sandboxrun mcp [--profile P] [--workspace DIR] [--max-runs N] [--max-sessions N]",
                debug_help="log at DEBUG level on stderr, and show the traceback of an error",
                 description="Serve the sandbox as MCP tools over stdio (needs: pip install 'sandboxrun[mcp]').")
     p.add_argument("--profile", "-p", default="strict", help="profile for every run (default: strict)")
     p.add_argument("--workspace", "-w", metavar="DIR",
                    help="host directory bound read-write as the workdir of every run (default: a fresh one each run)")
+    p.add_argument("--max-runs", type=_count("--max-runs"), metavar="N", default=None,
+                   help=f"foreground runs at once; more calls wait their turn (default: the CPUs, at least 2; "
+                        f"here {default_max_runs()})")
+    p.add_argument("--max-sessions", type=_count("--max-sessions"), metavar="N", default=MAX_SESSIONS,
+                   help=f"background sessions kept at once; start refuses more (default {MAX_SESSIONS})")
     ns = p.parse_args(argv)
     from .profile import load
 
     prof = load(ns.profile)  # bad options fail fast, before the SDK's slow import
     _workspace(ns.workspace)
-    server, tools = build_server(prof, ns.workspace)
+    server, tools = build_server(prof, ns.workspace, max_runs=ns.max_runs, max_sessions=ns.max_sessions)
     if ns.debug:
         import logging
 
         logging.getLogger().setLevel(logging.DEBUG)
     interrupted = False
     try:
-        server.run("stdio")  # stdout is the protocol channel: nothing else may print there
+        serve(server)  # stdout is the protocol channel: nothing else may print there
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
         interrupted = True
     finally:

@@ -287,3 +287,150 @@ def test_sigterm_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Pa
         if p.poll() is None:
             p.kill()
             p.communicate()
+
+
+# ---------------------------------------------------------------------------- the raw protocol
+
+
+class Raw:
+    """`sandboxrun mcp` driven line by line, as a hostile or buggy peer would."""
+
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
+        import queue
+        import subprocess
+        import threading
+
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700, exist_ok=True)
+        self.p = subprocess.Popen([sys.executable, "-m", "sandbox", "mcp", *extra], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state)))
+        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: dict[str | None, dict[str, Any]] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+        self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+        assert "result" in self.reply("init")
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.replies.put(json.loads(line))
+
+    def raw(self, data: bytes) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(data)
+        self.p.stdin.flush()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.raw(json.dumps(message).encode() + b"\n")
+
+    def call(self, rid: str, tool: str, **arguments: Any) -> None:
+        self.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+
+    def reply(self, rid: str | None, timeout: float = 30) -> dict[str, Any]:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while rid not in self.seen:
+            d = self.replies.get(timeout=max(0.01, deadline - time.monotonic()))
+            self.seen[d.get("id")] = d  # (another's reply is kept for its own turn)
+        return self.seen.pop(rid)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+        self.p.wait(timeout=30)
+
+
+def _alive(marker: str) -> list[int]:
+    """Processes whose command line holds marker (the sandboxed sh -c of a call)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_line_that_is_no_json_rpc_gets_the_error_json_rpc_prescribes(tmp_path: Path) -> None:
+    # The SDK dropped such lines without a word: the client waited for ever.
+    s = Raw(tmp_path)
+    try:
+        s.raw(b"this is not json\n")
+        d = s.reply(None)
+        assert d["error"]["code"] == -32700 and d["jsonrpc"] == "2.0", d
+        s.raw(b'{"jsonrpc": "1.0", "id": 5, "method": "ping"}\n')
+        assert s.reply(None)["error"]["code"] == -32600
+        s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})  # and it serves on
+        assert "result" in s.reply("p")
+    finally:
+        s.close()
+
+
+def test_a_cancelled_call_kills_its_sandbox(tmp_path: Path) -> None:
+    import time
+
+    marker = f"mcp-cancel-{os.getpid()}"
+    s = Raw(tmp_path)
+    try:
+        s.call("long", "run_command", command=f"sleep 300; : {marker}", timeout=600)
+        deadline = time.monotonic() + 20
+        while not _alive(marker):
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "long"}})
+        while _alive(marker):  # it ran on to its timeout, 10 minutes, holding a thread
+            assert time.monotonic() < deadline + 10, "the cancelled run still runs"
+            time.sleep(0.05)
+        s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+        assert "result" in s.reply("p")
+    finally:
+        s.close()
+
+
+def test_slow_calls_beyond_the_run_limit_wait_and_never_stall_the_server(tmp_path: Path) -> None:
+    # 40 slow calls filled the thread pool the SDK reads its input with: ping, check_command and
+    # cancel waited for the runs to end.
+    import time
+
+    marker = f"mcp-flood-{os.getpid()}"
+    s = Raw(tmp_path, "--max-runs", "2")
+    try:
+        for i in range(45):
+            s.call(f"slow{i}", "run_command", command=f"sleep 60; : {marker}", timeout=120)
+        t0 = time.monotonic()
+        s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+        s.call("quick", "check_command", command="ls")
+        assert "result" in s.reply("p", timeout=10) and "result" in s.reply("quick", timeout=10)
+        assert time.monotonic() - t0 < 10
+        time.sleep(1)
+        assert 1 <= len({p for p in _alive(marker)}) <= 2 * 3, _alive(marker)  # two runs' sh (and sleep)
+        for i in range(45):  # every queued call can be cancelled too
+            s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": f"slow{i}"}})
+        deadline = time.monotonic() + 20
+        while _alive(marker):
+            assert time.monotonic() < deadline, _alive(marker)
+            time.sleep(0.05)
+    finally:
+        s.close()
+
+
+def test_background_sessions_are_capped_per_server(tmp_path: Path) -> None:
+    s = Raw(tmp_path, "--max-sessions", "2")
+    try:
+        for i in range(3):
+            s.call(f"s{i}", "start", command=f"sleep 60; : {i}")
+        replies = [s.reply(f"s{i}") for i in range(3)]
+        errors = [r for r in replies if r["result"].get("isError")]
+        assert len(errors) == 1, replies
+        assert "at most 2 background sessions" in errors[0]["result"]["content"][0]["text"], errors
+        started = [r["result"]["structuredContent"] for r in replies if not r["result"].get("isError")]
+        assert all(not ({"dir", "pid", "monitor_pid"} & set(d)) for d in started), started  # no host paths, pids
+    finally:
+        s.close()
