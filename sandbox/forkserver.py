@@ -6,6 +6,12 @@ import os
 
 
 def main() -> None:
+    import signal
+
+    # In its caller's process group, a terminal's Ctrl-C reaches us too: the caller decides
+    # what an interrupt ends (its runs, through their own teardown); we die with it. (Each
+    # child sets SIGINT back to its default before anything of a run starts.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd = int(os.environ.pop("SANDBOXRUN_FORKSERVER_FD"))
     from .child import preload
 

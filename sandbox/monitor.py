@@ -109,6 +109,7 @@ class Monitor:
         self.logs: dict[str, CappedLog] = {}
         self.pidfd: int | None = None
         self.caller_fd: int | None = None  # ends_with_caller: the starter's pidfd (-1: it has ended)
+        self._detach_r, self._detach_w = os.pipe2(os.O_CLOEXEC)  # readable once detached (op "detach")
         self.pid: int | None = None  # the sandbox's child (its init), unreaped while we run it
         self.master: int | None = None
         self.slave: int | None = None
@@ -257,9 +258,12 @@ class Monitor:
 
     def _end_with_caller(self) -> None:
         """Kill the sandbox once the process that started it has ended, however it ended
-        (an MCP server SIGKILLed cannot remove its sessions itself)."""
-        if self.caller_fd is not None and self.caller_fd >= 0:
-            select.select([self.caller_fd], [], [])  # readable: the caller has exited
+        (an MCP server SIGKILLed cannot remove its sessions itself), unless it detached first:
+        a start hands its session over to the background once its caller knows the id."""
+        watched = [self._detach_r] + ([self.caller_fd] if self.caller_fd is not None and self.caller_fd >= 0 else [])
+        ready, _, _ = select.select(watched, [], [])  # the caller has exited, or detached
+        if self._detach_r in ready:
+            return
         if not self.ended.is_set():
             self._kill()
 
@@ -406,6 +410,8 @@ class Monitor:
             if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
                 raise _Refused("grace must be seconds >= 0")
             self._kill(grace)
+        elif op == "detach":  # the session outlives its starter from now on
+            os.write(self._detach_w, b"x")
         elif op == "wait":
             timeout = req.get("timeout")
             ended = self.ended.wait(min(float(timeout), 3600.0) if isinstance(timeout, (int, float)) else 3600.0)

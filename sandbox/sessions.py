@@ -745,6 +745,15 @@ class Session:
 
     # -- driving it
 
+    def _detach(self) -> None:
+        """From now on the session outlives the process that started it."""
+        try:
+            self._ctl({"op": "detach"})
+        except SandboxError:
+            if self.state in ("running", "starting"):
+                raise  # it would die with us though the caller is told it runs on
+            # ended already: nothing to hand over
+
     def _ctl(self, request: dict[str, Any], timeout: float | None = 15.0) -> dict[str, Any]:
         st = self.state
         if st not in ("running", "starting"):
@@ -1124,8 +1133,37 @@ def start(
     (or `timeout`; 0 = none where the profile allows it). stdin stays an open pipe
     for Session.write unless `stdin` (bytes) or `stdin_file` gives fixed input.
     `ends_with_caller`: the session is killed when this process ends (a server's sessions
-    then go with it even when it is SIGKILLed); by default it outlives its caller.
+    then go with it even when it is SIGKILLed); by default it outlives its caller once
+    start() has returned (a caller killed before that, which never learnt the id, takes
+    the session with it).
     Raises SandboxError for bad input, SessionBlocked when the filter refuses it."""
+    sess = _start(command, profile=profile, name=name, pty=pty, cols=cols, rows=rows, timeout=timeout, cwd=cwd,
+                  env=env, shell=shell, stdin=stdin, stdin_file=stdin_file, trace=trace,
+                  ends_with_caller=ends_with_caller, **overrides)
+    if not ends_with_caller:
+        sess._detach()
+    return sess
+
+
+def _start(
+    command: str | Sequence[str],
+    *,
+    profile: Any = "strict",
+    name: str | None = None,
+    pty: bool = False,
+    cols: int | None = None,
+    rows: int | None = None,
+    timeout: float | str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    shell: bool = False,
+    stdin: bytes | str | None = None,
+    stdin_file: str | None = None,
+    trace: bool = False,
+    ends_with_caller: bool = False,
+    **overrides: Any,
+) -> Session:
+    """start(), the session still ending with its caller until _detach()."""
     for label, flag in (("shell", shell), ("pty", pty), ("trace", trace), ("ends_with_caller", ends_with_caller)):
         if not isinstance(flag, bool):  # "no" and "false" are true to Python
             raise InputError(f"{label}: expected True or False, got {flag!r}")
@@ -1163,7 +1201,7 @@ def start(
             for s in list_sessions(sweep=False):
                 if s.name == name and s.state in ("running", "starting"):
                     raise InputError(f"name: session {s.id} named {name!r} is still running")
-        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace, ends_with_caller)
+        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace)
     finally:
         if names_lock >= 0:
             os.close(names_lock)  # (if _create has not released it already)
@@ -1180,7 +1218,7 @@ def _lock_names(root: str) -> int:
 
 def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: bytes | bytearray | None,
             stdin_file: str | None, pty: bool, cols: int, rows: int, trace: bool,
-            ends_with_caller: bool = False) -> Session:
+) -> Session:
     sdir = sid = ""
     for _ in range(32):
         sid = secrets.token_hex(4)
@@ -1204,7 +1242,7 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
         write_json(os.path.join(sdir, "request.json"), {
             "argv": prep.argv, "profile": profile_to_json(prep.profile), "cwd": prep.cwd, "env": prep.env,
             "pty": bool(pty), "cols": cols, "rows": rows, "stdin_file": stdin_file, "trace": bool(trace),
-            "ends_with_caller": ends_with_caller, "caller_pid": os.getpid(),  # the monitor's parent's number
+            "ends_with_caller": True, "caller_pid": os.getpid(),  # the monitor's parent's number
         })
         write_json(os.path.join(sdir, "meta.json"), {
             "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),
@@ -1306,7 +1344,7 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
             raise InputError(f"{bad} cannot be combined with yield_after ({why})")
         kwargs.pop(bad, None)
     try:
-        sess = start(command, **kwargs)
+        sess = _start(command, **kwargs)  # ends with us until the caller holds its id
     except SessionBlocked as e:
         return e.result
     try:
@@ -1322,4 +1360,6 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
         res.session_id = None
         return res
     sess._mark_seen()
+    if not kwargs.get("ends_with_caller"):
+        sess._detach()
     return sess.running_result(tail_bytes)

@@ -649,31 +649,63 @@ def execute(req: Request) -> Result:
                 res.isolation.limits["cgroup_unavailable"] = cg_error
         return res
     finally:
-        for fd in opened:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        steady = _Uninterrupted()
+        steady.do(_close_all, opened)
         if cg is not None:
-            try:
-                cg.remove()
-            except OSError:
-                pass
+            steady.do(_remove_quietly, cg)
         if slot is not None and req.cgroup_slots is not None:
             req.cgroup_slots.give_back(slot)  # lent again only if nothing of this run is in it
         if lease is not None:
             if cg is None and not plan_pid_namespace:  # nothing else can find what it left running
                 from .isolation.uids import kill_processes_of
 
-                kill_processes_of(lease.uid)
+                steady.do(kill_processes_of, lease.uid)
             if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
                 from .isolation import leftovers
 
-                leftovers.remove_files_of(lease.uid)
-                leftovers.remove_ipc_of(lease.uid)
-            lease.release()
+                steady.do(leftovers.remove_files_of, lease.uid)
+                steady.do(leftovers.remove_ipc_of, lease.uid)
+            steady.do(lease.release)
         if work is not None:
-            work.cleanup()
+            steady.do(work.cleanup)
+        steady.raise_pending()
+
+
+class _Uninterrupted:
+    """Teardown steps run to their end though a signal interrupts them: a second Ctrl-C (or a
+    SIGTERM, which the CLI raises as one) during the first's teardown left the run's cgroups.
+    A step so interrupted is run again (each is idempotent); the first interrupt goes on after."""
+
+    def __init__(self) -> None:
+        self.pending: KeyboardInterrupt | None = None
+
+    def do(self, step: Callable[..., object], *args: object) -> None:
+        for _ in range(100):  # (a bound: signals cannot come for ever, but a loop must not trust that)
+            try:
+                step(*args)
+                return
+            except KeyboardInterrupt as e:
+                self.pending = self.pending or e
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            raise self.pending
+
+
+def _close_all(fds: list[int]) -> None:
+    while fds:
+        fd = fds.pop()  # before the close: a rerun never closes a number twice (another's by then)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _remove_quietly(cg: cgroups.RunCgroup) -> None:
+    try:
+        cg.remove()
+    except OSError:
+        pass
 
 
 @record

@@ -267,6 +267,34 @@ def test_fork_server_sigkilled_mid_run_kills_the_sandbox(python_child, no_leftov
             sandbox.run(["/bin/true"])
 
 
+CTRL_C_CALLER = """
+import sandbox
+sandbox.run(["true"])
+print("ready", flush=True)
+try:
+    sandbox.run(["sleep", "30"])
+except KeyboardInterrupt:
+    print("caught", flush=True)
+"""
+
+
+def test_ctrl_c_to_the_callers_group_prints_no_traceback_of_the_fork_server(python_child) -> None:
+    # The fork server is in its caller's process group: a terminal's Ctrl-C reached it too, and
+    # it printed two KeyboardInterrupt tracebacks, though its caller caught the interrupt.
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C_CALLER], env=env(), cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        time.sleep(0.3)  # in the second run
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0 and out == b"caught\n", out.decode()
+
+
 def test_runner_recovers_after_the_fork_server_dies(python_child, no_leftovers) -> None:
     sandbox.run(["/bin/true"])  # the fork server starts on first use
     server = leaks.forkserver_pids()
@@ -805,6 +833,40 @@ def test_a_read_only_host_directory_the_supervisor_needs_is_a_named_setup_error(
                         sys.executable, "-c", code], env=env(SANDBOXRUN_CGROUP="none", TMPDIR=str(tmpdir)), cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.split() == ["setup_error", step], (p.stdout, p.stderr[-2000:])
+
+
+def test_an_interrupt_while_the_cgroup_is_made_leaves_none(no_leftovers, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A SIGHUP (raised by the CLI as a KeyboardInterrupt) between the mkdirs and the limits left
+    # the directories: only an OSError undid them, and the run had no cgroup to remove yet.
+    real, calls = cgroups._write, []
+
+    def interrupted(path: str, text: str) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(cgroups, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run(["true"])
+    assert calls, "no cgroup limit was written: the test tested nothing"
+
+
+def test_a_second_interrupt_during_teardown_still_removes_the_cgroup(no_leftovers,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C twice: the second, raised inside the teardown's cgroup removal, left the cgroups.
+    real, calls = cgroups.RunCgroup.remove, []
+
+    def interrupted(self: cgroups.RunCgroup) -> None:
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(self)
+
+    monkeypatch.setattr(cgroups.RunCgroup, "remove", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # the interrupt still goes on, once the teardown is done
+        sandbox.run(["true"])
+    assert len(calls) == 2, calls
 
 
 def test_a_root_caller_whose_user_namespace_maps_no_run_uid_gets_a_named_setup_error() -> None:

@@ -465,6 +465,49 @@ def test_yield_after_becomes_a_session_or_returns_the_result(state: Path) -> Non
         sessions.run_or_yield(["true"], yield_after=-1)
 
 
+@pytest.mark.parametrize("how", ["run --yield-ms", "start", "a yielded run that handed over"])
+def test_a_caller_sigkilled_before_it_holds_the_id_takes_the_session_with_it(state: Path, how: str) -> None:
+    """`run --yield-ms` SIGKILLed while it waited left its session running, under an id no one
+    was told (as did `start` killed before it printed the id): until the session's timeout."""
+    import signal
+
+    marker = f"orphan-{os.getpid()}-{how.split()[0]}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = {"run --yield-ms": ["run", "--yield-ms", "60000"], "start": ["start"],
+            "a yielded run that handed over": ["run", "--yield-ms", "300"]}[how]
+    slow_start = how == "start"
+    if slow_start:  # held between the session's start and the printing of its id
+        code = ("import os, signal, sandbox.sessions as s; real = s.Session._detach\n"
+                "def held(self): os.kill(os.getpid(), signal.SIGSTOP); real(self)\n"
+                "s.Session._detach = held\nfrom sandbox.cli import main; raise SystemExit(main())")
+        cmd = [sys.executable, "-c", code, *argv]
+    else:
+        cmd = [sys.executable, "-m", "sandbox", *argv]
+    p = subprocess.Popen([*cmd, "--", "sh", "-c", f"sleep 300; : {marker}"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        def running() -> list[sessions.Session]:
+            return [x for x in sessions.list_sessions() if marker in " ".join(x.meta.get("command", []))
+                    and x.state == "running"]
+        (sess,) = until(running, 30, "the session")  # type: ignore[misc]
+        if how == "a yielded run that handed over":
+            p.wait(timeout=30)  # it printed the id: from now on the session is the caller's to end
+        else:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    if how == "a yielded run that handed over":
+        time.sleep(1)
+        assert sess.state == "running" and not gone(sess.meta.get("pid")), sess.info()
+        sess.remove(grace=0)
+    else:
+        until(lambda: gone(sess.meta.get("pid")) and sess.state in ("exited", "lost"), 15, "the orphaned session's end")
+        sess.remove(grace=0)
+
+
 def test_yielded_result_does_not_report_the_no_isolation_defaults(state: Path) -> None:
     # Not known while it runs: null, never Isolation()'s "host network, seccomp off".
     res = sessions.run_or_yield(["sleep", "30"], yield_after=0.2)

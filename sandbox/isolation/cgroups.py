@@ -540,8 +540,8 @@ class V1Backend(Backend):
             wanted = {c: p for c, p in self.mounts.items() if not skip.get(c) and c not in shared}
             for base in dict.fromkeys(wanted.values()):
                 d = os.path.join(base, name)
+                dirs.append(d)  # first: a signal just after the mkdir must still find it to undo
                 os.mkdir(d, 0o755)
-                dirs.append(d)
             slot_dirs = list(dict.fromkeys(shared.values()))
             cg = RunCgroup("v1", dirs + slot_dirs, [os.path.join(d, "cgroup.procs") for d in dirs + slot_dirs],
                            {**{c: os.path.join(base, name) for c, base in wanted.items()}, **shared},
@@ -578,7 +578,7 @@ class V1Backend(Backend):
                 # and unthrottles, so a run never inherits the throttling of the one before it.
                 _write(quota, str(int(limits.cpus * 100_000)))
             return cg
-        except OSError:
+        except BaseException:  # an OSError, or a signal (KeyboardInterrupt): nothing of it may stay
             for d in reversed(dirs):
                 try:
                     os.rmdir(d)
@@ -634,10 +634,10 @@ class V2Backend(Backend):
     def create(self, limits: CgroupLimits, slot: Slot | None = None) -> RunCgroup:
         caps = slot.dirs[""] if slot is not None else None
         d = os.path.join(caps or self.parent, _name())
-        os.mkdir(d, 0o755)
         cg = RunCgroup("v2", [d], [os.path.join(d, "cgroup.procs")],
                        by_controller={"pids": caps, "cpu": caps} if caps else {})
         try:
+            os.mkdir(d, 0o755)
             if limits.memory is not None:
                 _set_limit(d, "memory.max", str(limits.memory))
                 sw = os.path.join(d, "memory.swap.max")
@@ -655,8 +655,11 @@ class V2Backend(Backend):
             elif caps and os.path.exists(os.path.join(caps, "cpu.max")):
                 _write(os.path.join(caps, "cpu.max"), "max 100000")
             return cg
-        except OSError:
-            _rmdir_retry(d)
+        except BaseException:  # an OSError, or a signal (KeyboardInterrupt): nothing of it may stay
+            try:
+                _rmdir_retry(d)
+            except OSError:
+                pass  # (not made: the mkdir itself failed)
             raise
 
     def sweep_stale(self) -> int:
