@@ -1137,33 +1137,6 @@ def start(
     start() has returned (a caller killed before that, which never learnt the id, takes
     the session with it).
     Raises SandboxError for bad input, SessionBlocked when the filter refuses it."""
-    sess = _start(command, profile=profile, name=name, pty=pty, cols=cols, rows=rows, timeout=timeout, cwd=cwd,
-                  env=env, shell=shell, stdin=stdin, stdin_file=stdin_file, trace=trace,
-                  ends_with_caller=ends_with_caller, **overrides)
-    if not ends_with_caller:
-        sess._detach()
-    return sess
-
-
-def _start(
-    command: str | Sequence[str],
-    *,
-    profile: Any = "strict",
-    name: str | None = None,
-    pty: bool = False,
-    cols: int | None = None,
-    rows: int | None = None,
-    timeout: float | str | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    shell: bool = False,
-    stdin: bytes | str | None = None,
-    stdin_file: str | None = None,
-    trace: bool = False,
-    ends_with_caller: bool = False,
-    **overrides: Any,
-) -> Session:
-    """start(), the session still ending with its caller until _detach()."""
     for label, flag in (("shell", shell), ("pty", pty), ("trace", trace), ("ends_with_caller", ends_with_caller)):
         if not isinstance(flag, bool):  # "no" and "false" are true to Python
             raise InputError(f"{label}: expected True or False, got {flag!r}")
@@ -1201,10 +1174,13 @@ def _start(
             for s in list_sessions(sweep=False):
                 if s.name == name and s.state in ("running", "starting"):
                     raise InputError(f"name: session {s.id} named {name!r} is still running")
-        return _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace)
+        sess = _create(root, name, names_lock, prep, stdin, stdin_file, pty, cols, rows, trace)
     finally:
         if names_lock >= 0:
             os.close(names_lock)  # (if _create has not released it already)
+    if not ends_with_caller:
+        sess._detach()  # the caller holds its id now
+    return sess
 
 
 def _lock_names(root: str) -> int:
@@ -1344,7 +1320,7 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
             raise InputError(f"{bad} cannot be combined with yield_after ({why})")
         kwargs.pop(bad, None)
     try:
-        sess = _start(command, **kwargs)  # ends with us until the caller holds its id
+        sess = start(command, **{**kwargs, "ends_with_caller": True})  # ends with us until the caller holds its id
     except SessionBlocked as e:
         return e.result
     try:
