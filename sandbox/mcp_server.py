@@ -170,6 +170,10 @@ class Tools:
 
         with self._lock:
             if len(self.started) + self._starting >= self.max_sessions:
+                # Those gone meanwhile (their TTL swept them, or a `sandboxrun remove`) count no more.
+                root = self._call(sessions.state_dir)
+                self.started = [sid for sid in self.started if os.path.isdir(os.path.join(root, sid))]
+            if len(self.started) + self._starting >= self.max_sessions:
                 raise self._fail(f"this server keeps at most {self.max_sessions} background sessions: remove one "
                                  "that has ended (or kill and remove one) first")
             self._starting += 1

@@ -421,7 +421,7 @@ def test_slow_calls_beyond_the_run_limit_wait_and_never_stall_the_server(tmp_pat
         s.close()
 
 
-def test_background_sessions_are_capped_per_server(tmp_path: Path) -> None:
+def test_background_sessions_are_capped_per_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = Raw(tmp_path, "--max-sessions", "2")
     try:
         for i in range(3):
@@ -432,5 +432,12 @@ def test_background_sessions_are_capped_per_server(tmp_path: Path) -> None:
         assert "at most 2 background sessions" in errors[0]["result"]["content"][0]["text"], errors
         started = [r["result"]["structuredContent"] for r in replies if not r["result"].get("isError")]
         assert all(not ({"dir", "pid", "monitor_pid"} & set(d)) for d in started), started  # no host paths, pids
+        # One removed from outside (`sandboxrun remove`, or its TTL's sweep) counts no more.
+        from sandbox import sessions
+
+        monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(tmp_path / "state"))
+        sessions.get(started[0]["id"]).remove(grace=0)
+        s.call("s3", "start", command="sleep 60; : 3")
+        assert not s.reply("s3")["result"].get("isError")
     finally:
         s.close()
