@@ -260,8 +260,9 @@ class Monitor:
         """Kill the sandbox once the process that started it has ended, however it ended
         (an MCP server SIGKILLed cannot remove its sessions itself), unless it detached first:
         a start hands its session over to the background once its caller knows the id."""
-        watched = [self._detach_r] + ([self.caller_fd] if self.caller_fd is not None and self.caller_fd >= 0 else [])
-        ready, _, _ = select.select(watched, [], [])  # the caller has exited, or detached
+        gone = self.caller_fd is None or self.caller_fd < 0  # (-1: it had ended before we could watch it)
+        watched = [self._detach_r] + ([] if gone else [self.caller_fd])
+        ready, _, _ = select.select(watched, [], [], 0 if gone else None)  # the caller exits, or detaches
         if self._detach_r in ready:
             return
         if not self.ended.is_set():

@@ -483,6 +483,7 @@ def execute(req: Request) -> Result:
     plan_pid_namespace = True
     shares_host_dirs = False  # no mount namespace: the run writes the host's /tmp
     opened: list[int] = []
+    failing = False  # an exception (a first interrupt) is on its way out: a second one waits behind it
     try:
         try:
             work = Workdir(req.cwd, in_memory=prof.view == "private")
@@ -648,6 +649,9 @@ def execute(req: Request) -> Result:
             if res.isolation.cgroup == "none" and cg_error:
                 res.isolation.limits["cgroup_unavailable"] = cg_error
         return res
+    except BaseException:
+        failing = True
+        raise
     finally:
         steady = _Uninterrupted()
         steady.do(_close_all, opened)
@@ -668,13 +672,15 @@ def execute(req: Request) -> Result:
             steady.do(lease.release)
         if work is not None:
             steady.do(work.cleanup)
-        steady.raise_pending()
+        if not failing:
+            steady.raise_pending()
 
 
 class _Uninterrupted:
     """Teardown steps run to their end though a signal interrupts them: a second Ctrl-C (or a
     SIGTERM, which the CLI raises as one) during the first's teardown left the run's cgroups.
-    A step so interrupted is run again (each is idempotent); the first interrupt goes on after."""
+    A step so interrupted is run again (each is idempotent); then the interrupt goes on (the first,
+    when the teardown itself was on an exception's way out)."""
 
     def __init__(self) -> None:
         self.pending: KeyboardInterrupt | None = None

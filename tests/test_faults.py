@@ -869,6 +869,28 @@ def test_a_second_interrupt_during_teardown_still_removes_the_cgroup(no_leftover
     assert len(calls) == 2, calls
 
 
+def test_an_interrupt_during_the_teardown_of_an_interrupted_run_lets_the_first_go_on(
+        no_leftovers, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import supervisor
+
+    real_remove, removes = cgroups.RunCgroup.remove, []
+
+    def interrupted(self: cgroups.RunCgroup) -> None:
+        removes.append(self)
+        if len(removes) == 1:
+            raise KeyboardInterrupt("second")
+        real_remove(self)
+
+    def first(size: int | None = None) -> tuple[int, int]:
+        raise KeyboardInterrupt("first")  # after the cgroup is made: the run's pipes
+
+    monkeypatch.setattr(cgroups.RunCgroup, "remove", interrupted)
+    monkeypatch.setattr(supervisor, "_pipe", first)
+    with pytest.raises(KeyboardInterrupt, match="first"):
+        sandbox.run(["true"])
+    assert len(removes) == 2, removes
+
+
 def test_a_root_caller_whose_user_namespace_maps_no_run_uid_gets_a_named_setup_error() -> None:
     # `unshare -U --map-root-user` maps uid 0 alone: the per-run uid could not own the run's
     # pipes (fchown: EINVAL), and the CLI said "internal error: OSError".

@@ -148,3 +148,24 @@ def test_the_monitor_imports_nothing_from_its_session_folder(tmp_path: Path) -> 
     with contextlib.suppress(SandboxError):  # no request.json: the monitor fails, after its imports
         sessions._spawn_monitor(str(sdir))
     assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_a_session_whose_starter_ended_before_it_was_watched_ends_unless_handed_over(tmp_path: Path,
+                                                                                       detached: bool) -> None:
+    # The starter gone before the monitor could take its pidfd (-1): the session must end at
+    # once, as with a starter that exits later, unless the starter had handed it over.
+    from sandbox.monitor import Monitor
+
+    mon = Monitor(str(tmp_path), -1)
+    killed: list[bool] = []
+    mon._kill = lambda grace=None: killed.append(True)  # type: ignore[method-assign]
+    mon.caller_fd = -1
+    if detached:
+        os.write(mon._detach_w, b"x")
+    import threading
+
+    t = threading.Thread(target=mon._end_with_caller, daemon=True)
+    t.start()
+    t.join(10)  # at once either way: it had waited for ever for a detach that never came
+    assert not t.is_alive() and killed == ([] if detached else [True]), (t.is_alive(), killed)
