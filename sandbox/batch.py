@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 # single-setting overrides. Callback and fd arguments (on_stdout, stdin_fd) are left
 # out on purpose: a JSONL line must not name a file descriptor of this process.
 RUN_KEYS = ("command", "shell", "stdin", "timeout", "env", "cwd", "profile", "id")
-OVERRIDE_KEYS = ("memory", "output", "cpu_time", "kill_grace", "address_space", "processes", "file_size",
-                 "open_files", "cpus", "tmp_size", "workdir_size", "ro_bind", "bind", "network",
+OVERRIDE_KEYS = ("memory", "output", "output_overflow", "cpu_time", "kill_grace", "address_space", "processes",
+                 "file_size", "open_files", "cpus", "tmp_size", "workdir_size", "ro_bind", "bind", "network",
                  "hostname", "trace")
 REQUEST_KEYS = frozenset(RUN_KEYS + OVERRIDE_KEYS)
 

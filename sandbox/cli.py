@@ -187,7 +187,7 @@ def explain(result: Any) -> str | None:
         return f"sandboxrun: sandbox setup failed: {result.error}"
     if st == "timeout":
         return f"sandboxrun: timed out ({result.error})"
-    if st in ("memory_limit", "cpu_limit"):
+    if st in ("memory_limit", "cpu_limit", "output_limit"):
         return f"sandboxrun: {st.replace('_', ' ')}: {result.error}"
     if st == "signaled":
         return f"sandboxrun: killed by {result.signal}"

@@ -26,6 +26,7 @@ BUILTIN_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "profile
 NAMESPACES = ("pid", "mount", "net", "ipc", "uts", "cgroup")
 NETWORK_MODES = ("none", "host")
 REQUIREMENT = ("required", "optional", "off")
+OUTPUT_OVERFLOW = ("drain", "kill")  # limits.output_overflow
 
 # schema: table -> {key: kind}; kinds are checked by _coerce.
 _SCHEMA: dict[str, dict[str, str]] = {
@@ -35,7 +36,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "memory": "size", "address_space": "size", "processes": "count", "file_size": "size",
         "open_files": "count", "cpus": "float", "output": "size", "tmp_size": "size",
         "shm_size": "size", "log_size": "size", "allow_no_timeout": "bool", "max_timeout": "duration",
-        "workdir_size": "size",
+        "workdir_size": "size", "output_overflow": "overflow",
     },
     "filesystem": {
         "view": "str", "ro_bind": "binds", "ro_bind_try": "binds", "bind": "binds", "workdir": "str",
@@ -75,6 +76,7 @@ class Limits:
     open_files: int | None = 256  # RLIMIT_NOFILE
     cpus: float | None = 1.0  # cgroup CPU quota in cores; 0 or "unlimited" (in a file or an override): no quota
     output: int = 2**20  # per stream
+    output_overflow: str = "drain"  # past `output`: "drain" (count, discard, run on) or "kill" the run
     tmp_size: int = 64 * 2**20
     workdir_size: int = 256 * 2**20  # the fresh workdir (a tmpfs) when no cwd is given
     shm_size: int = 16 * 2**20
@@ -431,6 +433,10 @@ def _coerce(kind: str, value: Any, err: Any) -> Any:
         if value and not 0.01 <= value <= 4096:
             raise err("must be between 0.01 and 4096 (or 0 for no limit)")
         return float(value) or None
+    if kind == "overflow":
+        if value not in OUTPUT_OVERFLOW:
+            raise err(f"expected {' or '.join(map(repr, OUTPUT_OVERFLOW))}")
+        return value
     if kind == "strlist":
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise err("expected a list of strings")
@@ -844,6 +850,7 @@ _LIMIT_OVERRIDES = {
     "timeout": "duration", "kill_grace": "duration", "cpu_time": "duration", "memory": "size",
     "address_space": "size", "processes": "count", "file_size": "size", "open_files": "count",
     "cpus": "float", "output": "size", "tmp_size": "size", "workdir_size": "size",
+    "output_overflow": "overflow",
 }
 
 

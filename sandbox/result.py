@@ -22,7 +22,7 @@ STATUSES = (
     "timeout",  # wall timeout: SIGTERM, grace, SIGKILL
     "memory_limit",  # OOM-killed by the cgroup memory limit
     "cpu_limit",  # RLIMIT_CPU (SIGXCPU/SIGKILL)
-    "output_limit",  # reserved: output past the cap is drained, never fatal; see *_truncated
+    "output_limit",  # output past the cap, with limits.output_overflow = "kill" (else drained: *_truncated)
     "blocked",  # refused by the first-line filter; nothing ran
     "setup_error",  # a required isolation layer could not be applied; nothing ran
     "running",  # a foreground run that became a background session (yield_after)

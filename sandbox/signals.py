@@ -21,6 +21,7 @@ from _signal import (  # noqa: F401 - re-exported
     SIGPIPE,
     SIGTERM,
     SIGXCPU,
+    SIGXFSZ,
     pidfd_send_signal,
     pthread_sigmask,
     signal,

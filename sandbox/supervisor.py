@@ -249,7 +249,7 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
             "timeout_s": lim.timeout, "cpu_time_s": lim.cpu_time, "memory_bytes": lim.memory if cg else None,
             "address_space_bytes": lim.address_space, "processes": lim.processes,
             "file_size_bytes": lim.file_size, "open_files": lim.open_files, "cpus": lim.cpus if cg else None,
-            "output_bytes": lim.output, "tmp_bytes": lim.tmp_size,
+            "output_bytes": lim.output, "output_overflow": lim.output_overflow, "tmp_bytes": lim.tmp_size,
         },
     )
 
@@ -728,6 +728,7 @@ class _Report:
     started: bool = False  # the command was spawned
     uid: int | None = None  # the child fell back to this uid (no idmapped workdir)
     killed: bool = False  # the supervisor sent SIGKILL: the grace after SIGTERM ran out
+    at_kill: tuple[float, float, int] | None = None  # the tree's usage just before that SIGKILL
     buf: bytes = b""
 
     def feed(self, data: bytes) -> None:
@@ -860,6 +861,30 @@ class _Poller:
         self._epoll.close()
 
 
+def _usage_before_kill(launched: Launched, report: _Report) -> None:
+    """A PID 1 that is SIGKILLed reports nothing, and the kernel reaps the rest of its pid
+    namespace without counting their CPU time anywhere: read it from /proc first."""
+    if report.killed or report.status is not None:
+        return
+    from .forker import host_pid
+    from .isolation import proctree
+
+    try:
+        root = host_pid(launched.pidfd)  # /proc's number for it
+    except OSError:
+        return
+    if root > 0:
+        report.at_kill = proctree.tree_usage(root)
+
+
+def _end_now(launched: Launched, cg: cgroups.RunCgroup | None, own_tree: bool, report: _Report) -> None:
+    _usage_before_kill(launched, report)
+    report.killed = True
+    kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
+    if cg is not None:
+        cg.kill_all()
+
+
 def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: int, stdin_w: int,
                cg: cgroups.RunCgroup | None, started: float, *, own_tree: bool = False) -> Result:
     prof = req.profile
@@ -906,6 +931,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     kill_at: float | None = None
     exited_at: float | None = None
     at_deadline = False  # the deadline has passed once: what was pending then is read first
+    kill_overflow = lim.output_overflow == "kill"
+    overflowed = ""  # the stream whose output passed the cap, when that ends the run
     try:
         while open_streams or exited_at is None:
             now = time.monotonic()
@@ -933,10 +960,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                             sel.register(rep_r, "report")
                             open_streams.add("report")
                 if kill_at is not None and now >= kill_at:
-                    report.killed = True
-                    kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
-                    if cg is not None:
-                        cg.kill_all()
+                    _end_now(launched, cg, own_tree, report)
                     kill_at = now + 0.5
                 wake = [t for t in (deadline if not timed_out else None, kill_at) if t is not None]
                 wait = max(0.0, min(wake) - now) if wake else None
@@ -951,10 +975,16 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     if not out.read_from(out_r):
                         sel.unregister(out_r)
                         open_streams.discard("out")
+                    elif kill_overflow and out.total > lim.output and exited_at is None and not overflowed:
+                        overflowed, deadline = "stdout", None
+                        _end_now(launched, cg, own_tree, report)
                 elif what == "err":
                     if not err.read_from(err_r):
                         sel.unregister(err_r)
                         open_streams.discard("err")
+                    elif kill_overflow and err.total > lim.output and exited_at is None and not overflowed:
+                        overflowed, deadline = "stderr", None
+                        _end_now(launched, cg, own_tree, report)
                 elif what == "report":
                     try:
                         data = os.read(rep_r, 65536)
@@ -978,10 +1008,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
                     assert req.cancel is not None
                     sel.unregister(req.cancel.fileno())
                     if exited_at is None:
-                        cancelled = report.killed = True
-                        kill_run(launched.pidfd, own_tree)  # the pid namespace dies with its init
-                        if cg is not None:
-                            cg.kill_all()
+                        cancelled = True
+                        _end_now(launched, cg, own_tree, report)
                 elif what == "source":
                     assert source is not None
                     chunk = source.read()
@@ -1037,10 +1065,15 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         # own accounting; a v1 cpuacct would split user/sys by ticks).
         # Not its ru_maxrss: born by vfork, it inherited the supervisor's own peak at exec.
         usage.cpu_user_s, usage.cpu_sys_s = round(rusage.ru_utime, 6), round(rusage.ru_stime, 6)
+    if report.at_kill is not None and report.status is None:  # PID 1 was killed before it reported
+        user, system, peak = report.at_kill
+        usage.cpu_user_s, usage.cpu_sys_s = max(usage.cpu_user_s, round(user, 6)), max(usage.cpu_sys_s, round(system, 6))
+        usage.peak_memory_bytes = max(usage.peak_memory_bytes, peak)
     if stats is not None:
         if stats.cpu_user_s is not None:
             usage.cpu_user_s, usage.cpu_sys_s = round(stats.cpu_user_s, 6), round(stats.cpu_sys_s or 0.0, 6)
-        usage.peak_memory_bytes = max(stats.peak_memory, usage.peak_memory_bytes)
+        if stats.peak_memory:  # what the memory limit judges (an RSS also counts shared file pages)
+            usage.peak_memory_bytes = stats.peak_memory
         usage.oom_kills = stats.oom_kills
         usage.pids_limit_hit = stats.pids_max_hit
     else:  # no cgroup counted them: unknown, not "none happened"
@@ -1056,9 +1089,24 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     res.isolation.landlock_abi = report.landlock_abi
     res.isolation.uid = report.uid  # set only when the child fell back to another uid
     _classify(res, report, lim)
+    # (total, not truncated: a session's monitor keeps every byte, in its logs)
+    past = [name for name, c in (("stdout", out), ("stderr", err)) if c.total > lim.output]
+    if kill_overflow and not timed_out and res.status != "setup_error" and past:
+        # Also when the command ended before the supervisor read past the cap: the same
+        # output gets the same status, however the reads fell.
+        stream = overflowed or past[0]
+        res.status = "output_limit"
+        res.error = (f"{stream} passed the output limit of {_size(lim.output)}"
+                     + (": the sandbox was killed" if overflowed else ""))
     if cancelled:
         res.error = "cancelled by the caller: the sandbox was killed"
     return res
+
+
+def _size(n: int | None) -> str:
+    from .units import format_size
+
+    return format_size(n)
 
 
 def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
@@ -1098,12 +1146,14 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
         res.signal = signals.name(sig)
         cpu = res.usage.cpu_user_s + res.usage.cpu_sys_s
         if res.usage.oom_kills and sig == signals.SIGKILL:
-            res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {lim.memory})"
+            res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {_size(lim.memory)})"
         # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time used
         elif sig in (signals.SIGXCPU, signals.SIGKILL) and lim.cpu_time and cpu >= lim.cpu_time * 0.95:
             res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
         else:
             res.status = "signaled"
+            if sig == signals.SIGXFSZ and lim.file_size:  # the kernel's, unless the command sent it itself
+                res.error = f"SIGXFSZ: a write passed the file size limit of {_size(lim.file_size)} (limits.file_size)"
         return
     code = os.WEXITSTATUS(st)
     res.exit_code = code

@@ -71,8 +71,10 @@ def test_ids_requests_and_overrides(isolated) -> None:
         BatchRequest(command=["head", "-c", "5000", "/dev/zero"], overrides={"output": "1KiB"}),
         {"command": ["sh", "-c", "exit 3"]},
         {"command": ["sh", "-c", "df -k /work | tail -n 1"], "workdir_size": "1MiB"},  # every run() setting
+        {"command": ["yes"], "output": "1KiB", "output_overflow": "kill"},
     ]
-    a, b, c, d, e = run_many(reqs)
+    a, b, c, d, e, f = run_many(reqs)
+    assert (f.status, f.stdout_truncated, f.signal) == ("output_limit", True, "SIGKILL"), f
     assert e.status == "ok" and e.stdout.split()[1] == "1024", e
     assert (a.id, a.stdout) == ({"task": 7}, "abc")
     assert (b.id, b.stdout) == ("b", "from-env\n")

@@ -64,6 +64,7 @@ def test_a_file_extending_nested_without_a_filesystem_table_loads(tmp_path) -> N
     ('[limits]\ntimeout = 0', "allow_no_timeout"),
     ('extends = "nope"', "extends = 'nope'"),
     ('[security]\ncgroup = "maybe"', "security.cgroup = 'maybe'"),
+    ('[limits]\noutput_overflow = "stop"', "limits.output_overflow = 'stop': expected 'drain' or 'kill'"),
     # inherits strict's namespaces: no mount namespace, so a pid namespace that still saw /proc of the host
     ('extends = "strict"\n[filesystem]\nview = "host"', "remove 'mount' and 'pid' from security.namespaces"),
     ('[filesystem]\nview = "host"\n[security]\nnamespaces = ["pid"]', "remove 'pid' from security.namespaces"),
@@ -163,6 +164,10 @@ def test_overrides_validate() -> None:
             with_overrides(load("strict"), **{key: "none"})
     with pytest.raises(ProfileError, match="most pids"):
         with_overrides(load("strict"), processes=4194305)
+    assert load("strict").limits.output_overflow == "drain"
+    assert with_overrides(load("strict"), output_overflow="kill").limits.output_overflow == "kill"
+    with pytest.raises(ProfileError, match="output_overflow = True: expected 'drain' or 'kill'"):
+        with_overrides(load("strict"), output_overflow=True)
 
 
 def test_units() -> None:

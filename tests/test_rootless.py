@@ -595,6 +595,28 @@ def test_nested_timeout_as_the_user_signals_only_the_run(tree: Tree) -> None:
             end_marked(mark)
 
 
+_KILLED_AFTER_ITS_GRACE = """
+import json, sys
+import sandbox
+code = ("import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nx = bytearray(100 << 20)\\n"
+        "end = time.process_time() + 0.6\\nwhile time.process_time() < end: pass\\ntime.sleep(60)")
+r = sandbox.run(["python3", "-c", code], profile=sys.argv[1], timeout=2, kill_grace=0.3)
+print(json.dumps({"status": r.status, "signal": r.signal, "usage": r.to_dict()["usage"]}))
+"""
+
+
+@pytest.mark.parametrize("child", CHILDREN)
+def test_rootless_run_killed_after_its_grace_still_reports_its_usage(tree: Tree, child: str) -> None:
+    """No cgroup counts it and its PID 1, SIGKILLed, reports nothing: the supervisor reads the
+    tree's CPU time and peak RSS from /proc just before the kill (they read 0 before)."""
+    cp = tree.as_user([*CHILDREN[child], SYS_PYTHON, "-c", _KILLED_AFTER_ITS_GRACE, "rootless"])
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    res = json.loads(cp.stdout)
+    assert (res["status"], res["signal"]) == ("timeout", "SIGKILL"), res
+    assert res["usage"]["cpu_user_s"] + res["usage"]["cpu_sys_s"] >= 0.5, res
+    assert res["usage"]["peak_memory_bytes"] >= 100 << 20, res
+
+
 _TWO_NESTED_RUNS = """
 import json, sys, threading
 import sandbox

@@ -87,6 +87,17 @@ def test_start_write_poll_wait() -> None:
     assert sessions.list_sessions() == []
 
 
+def test_a_session_with_output_overflow_kill_ends_when_a_stream_passes_the_output_limit() -> None:
+    """Its logs keep every byte (up to log_size), so `limits.output` counts what a stream wrote."""
+    s = sandbox.start(["sh", "-c", "echo start; yes"], output_overflow="kill", output="64KiB")
+    res = s.wait(20)
+    assert res is not None and (res.status, res.signal) == ("output_limit", "SIGKILL"), res
+    assert "stdout passed the output limit of 64KiB" in res.error, res
+    quiet = sandbox.start(["sh", "-c", "head -c 100000 /dev/zero >&2"], output="64KiB")  # drain: logged, no kill
+    res = quiet.wait(20)
+    assert res is not None and res.status == "ok" and res.stderr_bytes == 100000, res
+
+
 @pytest.mark.parametrize("name", ["\ud800x", "a\udcff", "x" * 5000])
 def test_a_name_that_is_no_text_or_too_long_is_refused_in_one_short_line(name: str) -> None:
     """A lone surrogate (`start --name $'\\xff'`) was taken as a name; a 5000-character one

@@ -112,3 +112,27 @@ def signal_tree(root: int, sig: int) -> int:
         return _parse_ppid(read_through(fd, "stat")) in tree
 
     return sum(signal_if(pid, sig, ours) for pid in sorted(tree - {root}))
+
+
+def tree_usage(root: int) -> tuple[float, float, int]:
+    """The CPU time (user, system seconds) of `root` and its descendants now, each with the
+    children it has reaped, and the largest peak RSS (VmHWM) among them: what a run's usage
+    would lose when its PID 1 is SIGKILLed (the kernel then reaps the rest of its pid
+    namespace without adding their time to anyone's). Read just before that kill."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = peak = 0
+    for pid in (root, *descendants(root)):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read(2048)
+            fields = data[data.rfind(b")") + 1:].split()  # fields[0] is stat's 3rd: utime is its 14th
+            user += int(fields[11]) + int(fields[13])  # utime + cutime
+            system += int(fields[12]) + int(fields[14])  # stime + cstime
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) * 1024)
+                        break
+        except (OSError, ValueError, IndexError):  # gone meanwhile (or a kernel thread's lines)
+            continue
+    return user / tick, system / tick, peak
