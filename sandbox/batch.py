@@ -413,7 +413,7 @@ MAX_DEPTH = 64  # arrays and objects in one request line, the line's own object 
 # refused (a valid `"id": [[[...]]]` some hundreds deep overflowed the recursion of to_dict/to_json later)
 
 
-def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
+def lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
     """(line number, line) per line, never more than MAX_LINE bytes of one in memory; an
     over-long line gives None. One with no end in sight (/dev/zero) raises InputError."""
     n = 0
@@ -439,7 +439,7 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
 
 def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number, request or _Invalid) per non-blank line, read lazily."""
-    for n, raw in _lines(stream):
+    for n, raw in lines(stream):
         if raw is None:
             yield n, _Invalid(f"longer than {MAX_LINE >> 20} MiB: not read")
             continue
@@ -484,7 +484,7 @@ def count_requests(stream: IO[bytes]) -> int | None:
         if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
             return None
         start = stream.tell()  # stdin redirected from a file may not be at its start
-        total = sum(1 for _, raw in _lines(stream) if raw is None or raw.strip())
+        total = sum(1 for _, raw in lines(stream) if raw is None or raw.strip())
         stream.seek(start)
         return total
     except (OSError, InputError):

@@ -391,6 +391,66 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
     return server, tools
 
 
+_UNREAD = "\0sandboxrun: "  # opens what _StdinLines gives for a line it did not read: no JSON text starts so
+
+
+class _StdinLines:
+    """stdin's lines for the SDK's reader, as its own reader gives them, but never more than
+    batch.MAX_LINE bytes of one in memory (its reader held a 100 MB line whole) and UTF-8
+    only (its reader replaced what was not): such a line reaches the SDK as a text that is
+    no JSON, which _error_reply answers with what was wrong. Like the SDK's own claim of fd 0,
+    fd 0 reads /dev/null while serving (nothing the server starts reads the wire)."""
+
+    def __init__(self) -> None:
+        import fcntl
+
+        from .batch import lines
+
+        self._fd = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.dup2(null, 0)
+        os.close(null)
+        self._stream = open(self._fd, "rb", closefd=False)  # noqa: SIM115 - the server's whole life
+        self._lines = lines(self._stream)
+        self._ended = False
+
+    def restore(self) -> None:
+        # fd 0 only: the reader's thread may be blocked in a read that a client holding its
+        # stdin open never ends, and a close would wait for it (the process exits next).
+        os.dup2(self._fd, 0)
+
+    def __aiter__(self) -> "_StdinLines":
+        return self
+
+    async def __anext__(self) -> str:
+        import anyio
+
+        line = await anyio.to_thread.run_sync(self._next)
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+    def _next(self) -> str | None:
+        from .batch import MAX_LINE
+
+        if self._ended:
+            return None
+        try:
+            item = next(self._lines, None)
+        except InputError as e:  # no end of line in a GiB: reading stops there, as at the end of input
+            self._ended = True
+            return f"{_UNREAD}{e}"
+        if item is None:
+            return None
+        raw = item[1]
+        if raw is None:
+            return f"{_UNREAD}a line longer than {MAX_LINE >> 20} MiB: not read"
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"{_UNREAD}not UTF-8 ({e.reason} at byte {e.start})"
+
+
 def _error_reply(error: Exception) -> Any:
     """The reply JSON-RPC prescribes for a line that is no JSON (-32700) or no JSON-RPC message
     (-32600): the SDK dropped both without a word, and the client waited for ever."""
@@ -399,40 +459,54 @@ def _error_reply(error: Exception) -> Any:
 
     details = getattr(error, "errors", None)
     try:
-        kinds = {e.get("type") for e in details()} if callable(details) else set()
+        errors = details() if callable(details) else []
+        kinds = {e.get("type") for e in errors}
+        first = errors[0].get("input") if errors else None
     except Exception:  # noqa: BLE001 - a detail, not worth failing the reply for
-        kinds = set()
+        kinds, first = set(), None
     bad_json = "json_invalid" in kinds or isinstance(error, ValueError) and not kinds
     code, what = (-32700, "Parse error: not JSON") if bad_json else (-32600, "Invalid Request: not a JSON-RPC message")
     detail = str(error).splitlines()
     message = f"{what} ({detail[-1].strip()[:200]})" if detail else what
+    if isinstance(first, str) and first.startswith(_UNREAD):
+        message = f"Parse error: {first[len(_UNREAD):]}"
     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message)))
 
 
 async def _serve_stdio(server: Any) -> None:
     """What server.run("stdio") does, answering a malformed line with a JSON-RPC error."""
-    import anyio
     from mcp.server.stdio import stdio_server
 
     low = getattr(server, "_lowlevel_server", None) or server._mcp_server
-    async with stdio_server() as (read, write):
-        inner_send, inner_read = anyio.create_memory_object_stream[Any](0)
+    stdin = _StdinLines()
+    try:
+        async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
+            await _relay(low, read, write)
+    finally:
+        stdin.restore()
 
-        async def forward() -> None:
-            async with inner_send:
-                async for item in read:
-                    if isinstance(item, Exception):
-                        try:
-                            reply = _error_reply(item)
-                        except Exception:  # noqa: BLE001 - an SDK whose types differ: silence, as before
-                            continue
-                        await write.send(reply)
-                    else:
-                        await inner_send.send(item)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(forward)
-            await low.run(inner_read, write, low.create_initialization_options())
+async def _relay(low: Any, read: Any, write: Any) -> None:
+    """The SDK's server on what the transport read, each line it could not parse answered."""
+    import anyio
+
+    inner_send, inner_read = anyio.create_memory_object_stream[Any](0)
+
+    async def forward() -> None:
+        async with inner_send:
+            async for item in read:
+                if isinstance(item, Exception):
+                    try:
+                        reply = _error_reply(item)
+                    except Exception:  # noqa: BLE001 - an SDK whose types differ: silence, as before
+                        continue
+                    await write.send(reply)
+                else:
+                    await inner_send.send(item)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(forward)
+        await low.run(inner_read, write, low.create_initialization_options())
 
 
 def serve(server: Any) -> None:

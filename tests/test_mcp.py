@@ -373,6 +373,26 @@ def test_a_line_that_is_no_json_rpc_gets_the_error_json_rpc_prescribes(tmp_path:
         s.close()
 
 
+def test_an_over_long_or_non_utf8_line_is_refused_by_name_with_memory_bounded(tmp_path: Path) -> None:
+    # The SDK's reader held a line whole (a 100 MB line grew the server by 100 MB, twice over
+    # as text) and replaced bytes that were not UTF-8.
+    s = Raw(tmp_path)
+    try:
+        s.raw(b'{"jsonrpc": "2.0", "id": "x", "method": "ping", "pad": "' + b"a" * (150 << 20) + b'"}\n')
+        d = s.reply(None, timeout=60)
+        assert d["error"] == {"code": -32700, "message": "Parse error: a line longer than 64 MiB: not read"}, d
+        with open(f"/proc/{s.p.pid}/status") as f:
+            peak = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+        assert peak < 250 << 20, peak
+        s.raw(b'{"jsonrpc": "2.0", "id": "u", "method": "ping", "x": "\xff"}\n')
+        d = s.reply(None)
+        assert d["error"]["code"] == -32700 and "not UTF-8 (invalid start byte at byte 54)" in d["error"]["message"], d
+        s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})  # and it serves on
+        assert "result" in s.reply("p")
+    finally:
+        s.close()
+
+
 def test_a_cancelled_call_kills_its_sandbox(tmp_path: Path) -> None:
     import time
 
