@@ -223,7 +223,7 @@ def open_template(pid: int) -> int:
     the one fork() gave us: where /proc belongs to an ancestor pid namespace (a caller in one
     without its own /proc) ours names another process, and its namespace (the host's) would
     have become every run's view."""
-    import select
+    from .fdwait import readable
 
     pidfd = os.pidfd_open(pid)
     try:
@@ -231,7 +231,7 @@ def open_template(pid: int) -> int:
         if number <= 0:
             return -1
         fd = os.open(f"/proc/{number}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        if select.select([pidfd], [], [], 0)[0]:  # it exited meanwhile: the number may be another's
+        if readable([pidfd], 0):  # it exited meanwhile: the number may be another's
             os.close(fd)
             return -1
         return fd

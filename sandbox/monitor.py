@@ -31,7 +31,6 @@ import fcntl
 import json
 import os
 import secrets
-import select
 import signal
 import socket
 import struct
@@ -42,6 +41,7 @@ import time
 import traceback
 from typing import Any
 
+from .fdwait import readable, writable
 from .output import CHUNK, Capture
 from .result import Result
 from .sessions import (
@@ -262,7 +262,7 @@ class Monitor:
         a start hands its session over to the background once its caller knows the id."""
         gone = self.caller_fd is None or self.caller_fd < 0  # (-1: it had ended before we could watch it)
         watched = [self._detach_r] + ([] if gone else [self.caller_fd])
-        ready, _, _ = select.select(watched, [], [], 0 if gone else None)  # the caller exits, or detaches
+        ready = readable(watched, 0 if gone else None)  # the caller exits, or detaches
         if self._detach_r in ready:
             return
         if not self.ended.is_set():
@@ -343,7 +343,7 @@ class Monitor:
             self._send(signal.SIGTERM)  # the init forwards it to every process in the sandbox
         # Not waited under the lock: a second kill with a shorter grace (0: now) ends the
         # sandbox at its own time, instead of queueing behind the first one's grace.
-        done, _, _ = select.select([self.pidfd], [], [], max(0.0, grace))
+        done = readable([self.pidfd], max(0.0, grace))
         with self._kill_lock:
             if not done and self.pid is not None and self.pidfd is not None:
                 from .supervisor import kill_run
@@ -443,7 +443,7 @@ class Monitor:
                     if left <= 0:
                         raise _Refused(f"the command is not reading its input ({written} of {len(data)} "
                                        "bytes written)") from None
-                    select.select([], [fd], [], min(left, 0.5))
+                    writable(fd, min(left, 0.5))
                     continue
                 except OSError as e:  # EPIPE / EIO: nobody reads the other end any more
                     raise _Refused(f"the command's input is closed ({written} of {len(data)} bytes written; "

@@ -1276,15 +1276,14 @@ def _spawn_monitor(sdir: str) -> None:
 
 
 def _read_ready(fd: int, timeout: float) -> bytes:
-    import select
+    from .fdwait import readable
 
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return b"T"
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
+        if readable([fd], left):
             data = os.read(fd, 1)
             return data or b""
 

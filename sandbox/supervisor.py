@@ -21,6 +21,7 @@ from _collections_abc import Mapping  # what collections.abc re-exports, without
 from . import profile as profiles
 from . import shellwords, signals
 from .errors import InputError, os_bytes
+from .fdwait import readable
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
 from .hostpaths import check_writable_bind
 from .isolation import cgroups
@@ -787,7 +788,7 @@ def kill_run(pidfd: int, own_tree: bool) -> None:
         while root > 0 and time.monotonic() < deadline:
             # Only while the child runs: once it has exited (and maybe been reaped by another
             # thread) its pid may be another process's, whose children are not the run's.
-            if select.select([pidfd], [], [], 0)[0]:
+            if readable([pidfd], 0):
                 break
             proctree.signal_tree(root, signals.SIGKILL)
             time.sleep(0.002)

@@ -1432,3 +1432,30 @@ def test_nested_run_leaves_nothing_in_the_hosts_shared_places() -> None:
     with open("/proc/sysvipc/shm") as f:
         left = [line for line in f.read().splitlines()[1:] if str(uid) in (line.split()[7], line.split()[9])]
     assert not left, f"SysV segments left: {left}"
+
+
+_MANY_FDS = """
+import json, os, resource, sys
+import sandbox
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]  # a server with many connections
+out = {"run": sandbox.run(["true"]).status}
+r = sandbox.run(["sh", "-c", "sleep 0.5; echo later"], yield_after=0.1)
+out["yield"] = r.status
+from sandbox import sessions
+out["waited"] = sessions.get(r.session_id).wait(20).status
+out["nested_timeout"] = sandbox.run(["sleep", "30"], profile="nested", timeout=0.5).status
+print(json.dumps(out))
+"""
+
+
+def test_a_caller_holding_over_1024_files_can_run(contained, tmp_path: Path) -> None:
+    # select() refuses a fd numbered 1024 or more: the first run's template, a yield and a
+    # nested timeout raised ValueError in such a process.
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cp = subprocess.run([sys.executable, "-c", _MANY_FDS], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(ROOT), "SANDBOXRUN_STATE_DIR": str(state)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    out = json.loads(cp.stdout)
+    assert (out["run"], out["yield"], out["waited"], out["nested_timeout"]) == ("ok", "running", "ok", "timeout"), out
