@@ -512,6 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signals.signal(signals.SIGTERM, on_term)
     signals.signal(signals.SIGHUP, on_term)
+    # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children
+    # before we read their pid or status), and blocked signals (a SIGTERM that never came).
+    signals.signal(signals.SIGCHLD, signals.SIG_DFL)
+    signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, signals.SIGTERM, signals.SIGHUP))
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)

@@ -12,6 +12,7 @@ def main() -> None:
     # what an interrupt ends (its runs, through their own teardown); we die with it. (Each
     # child sets SIGINT back to its default before anything of a run starts.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (ignored by our caller: kept across exec) we reap
     fd = int(os.environ.pop("SANDBOXRUN_FORKSERVER_FD"))
     from .child import preload
 

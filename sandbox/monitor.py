@@ -212,6 +212,7 @@ class Monitor:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (an ignored one is kept across exec) we reap
         request = supervisor.Request(
             argv=list(self.req["argv"]), profile=prof, cwd=self.req.get("cwd"), env=dict(self.req.get("env", {})),
             stdin_fd=self.stdin_r, on_stdout=self._on_stdout, on_stderr=self._on_stderr,

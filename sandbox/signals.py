@@ -22,6 +22,7 @@ from _signal import (  # noqa: F401 - re-exported
     SIGTERM,
     SIGXCPU,
     SIGXFSZ,
+    getsignal,
     pidfd_send_signal,
     pthread_sigmask,
     signal,

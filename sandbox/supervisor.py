@@ -86,7 +86,10 @@ def _python_forker() -> DirectForker | ServerForker:
 def _forker(plan: RunPlan) -> Any:
     """The native stage where it can run the plan (root callers), else the Python child."""
     global _native
-    if not _rootless():
+    # A caller that ignores SIGCHLD has the kernel reap its children at once: the stage, born
+    # of this process, could be gone (its pid even reused) before we hold it. The fork
+    # server's children are its own, and it takes SIGCHLD back.
+    if not _rootless() and signals.getsignal(signals.SIGCHLD) != signals.SIG_IGN:
         from .native import ops, stage_path
 
         if ops.supports(plan) and stage_path():

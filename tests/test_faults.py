@@ -1459,3 +1459,47 @@ def test_a_caller_holding_over_1024_files_can_run(contained, tmp_path: Path) -> 
     assert cp.returncode == 0, cp.stderr[-3000:]
     out = json.loads(cp.stdout)
     assert (out["run"], out["yield"], out["waited"], out["nested_timeout"]) == ("ok", "running", "ok", "timeout"), out
+
+
+_SIGCHLD_IGNORED = """
+import json, signal, sys
+from concurrent.futures import ThreadPoolExecutor
+import sandbox
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # a daemon that wants no zombies
+with ThreadPoolExecutor(8) as pool:
+    results = list(pool.map(lambda i: sandbox.run(["sh", "-c", f"exit {i % 3}"]), range(40)))
+print(json.dumps([[r.status, r.exit_code, r.isolation.namespaces if r.isolation else None] for r in results]))
+"""
+
+_EXEC_WITH_SIGCHLD_IGNORED = "import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def test_a_caller_that_ignores_sigchld_still_runs_every_command(isolated, tmp_path: Path) -> None:
+    # The kernel reaped the stage before its pid was held: ProcessLookupError, 12 of 40 runs.
+    cp = subprocess.run([sys.executable, "-c", _SIGCHLD_IGNORED], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    got = json.loads(cp.stdout)
+    assert [(s, c) for s, c, _ in got] == [("ok" if i % 3 == 0 else "nonzero_exit", i % 3) for i in range(40)], got
+    assert all("pid" in ns and "net" in ns for _, _, ns in got), got
+    # The CLI, exec'd by such a parent (the disposition is kept across exec)
+    codes = [subprocess.run([sys.executable, "-c", _EXEC_WITH_SIGCHLD_IGNORED, sys.executable, "-m", "sandbox",
+                             "--", "sh", "-c", "exit 3"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode for _ in range(20)]
+    assert codes == [3] * 20, codes
+
+
+def test_the_cli_unblocks_the_signals_its_parent_blocked(isolated) -> None:
+    # Started with SIGTERM blocked, it ignored a SIGTERM until the command ended.
+    wrapper = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}); "
+               "os.execv(sys.argv[1], sys.argv[1:])")
+    p = subprocess.Popen([sys.executable, "-c", wrapper, sys.executable, "-m", "sandbox", "--", "sleep", "30"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        time.sleep(1.5)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 143
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
