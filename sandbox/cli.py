@@ -239,32 +239,52 @@ class _WriteThrough:
             del self.pending[:n]
 
 
-class _QuietStdout(io.FileIO):
-    """fd 1 for a reader that may go away (`sandboxrun --json ... | head`): once it has, the rest of
-    the output is dropped, as the streaming mode drops the command's, and the exit status stays the
-    command's; no BrokenPipeError ends the run as an "internal error" (125 reads as "blocked")."""
+class _SturdyOut(io.FileIO):
+    """fd 1 or 2 under sys.stdout / sys.stderr.
+
+    A fd that another holder of a shared pipe made non-blocking: a write that finds it full
+    waits (TextIOWrapper had lost what did not fit: `--json` stopped at 64 KiB, a batch line
+    was cut without a word). With `drop`, a reader that went away (`sandboxrun --json ... |
+    head`) or a full disk drops the rest, as the streaming mode drops the command's output:
+    the exit status stays the command's, never an "internal error" (125 reads as "blocked")."""
+
+    def __init__(self, fd: int, drop: bool) -> None:
+        super().__init__(fd, "w", closefd=False)
+        self.drop = drop
 
     def write(self, data: Any) -> int:
-        try:
-            return super().write(data)
-        except OSError:  # EPIPE; ENOSPC (/dev/full, a full disk): lost, as to a reader gone
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.fileno())  # later writes, and the flush at exit, go nowhere quietly
-            os.close(devnull)
-            return memoryview(data).nbytes
+        while True:
+            try:
+                n = super().write(data)
+            except OSError:  # EPIPE; ENOSPC (/dev/full, a full disk); EFBIG (ulimit -f)
+                if not self.drop:
+                    raise
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.fileno())  # later writes, and the flush at exit, go nowhere quietly
+                os.close(devnull)
+                return memoryview(data).nbytes
+            if n is not None:
+                return n  # (a short write: BufferedWriter writes the rest)
+            from .fdwait import writable
+
+            writable(self.fileno(), None)  # full, and non-blocking: wait, never lose it
 
 
-def _quiet_stdout() -> None:
-    out = sys.stdout
-    if out is None or out is not sys.__stdout__:
+def _sturdy(name: str, fd: int, drop: bool) -> None:
+    out = getattr(sys, name)
+    if out is None or out is not getattr(sys, f"__{name}__"):
         return  # someone else's stream (a test's capture, an earlier call): leave it alone
     try:
         out.flush()
-        raw = _QuietStdout(out.fileno(), "w", closefd=False)
+    except OSError:
+        pass
+    try:
+        raw = _SturdyOut(fd, drop)
     except (OSError, ValueError):
-        return  # no fd 1 (closed): nothing to guard
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding, errors=out.errors,
-                                  line_buffering=out.line_buffering, write_through=out.write_through)
+        return  # no such fd (closed): nothing to guard
+    errors = "backslashreplace" if out.errors == "strict" else out.errors  # an ASCII locale: no crash on a name
+    setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding, errors=errors,
+                                        line_buffering=out.line_buffering, write_through=out.write_through))
 
 
 def _parse_run(argv: list[str]) -> tuple[argparse.Namespace | RunArgs, list[str]]:
@@ -487,8 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _std_fds()
     # sandboxrun's own option only: after `--` the words are the command's (`-- grep --debug`).
     debug = "--debug" in (args[:args.index("--")] if "--" in args else args)
-    if args[:1] not in (["batch"], ["mcp"]):  # batch stops when its reader goes; mcp's stdout is its protocol
-        _quiet_stdout()
+    if args[:1] != ["mcp"]:  # mcp's stdout is its protocol, the SDK's to write
+        _sturdy("stdout", 1, drop=args[:1] != ["batch"])  # batch stops when its reader goes
+    _sturdy("stderr", 2, drop=True)  # our own messages: never worth the exit code
     if args[:1] in (["-h"], ["--help"]):
         print("usage: sandboxrun [run] [OPTIONS] -- CMD [ARGS...]\n       sandboxrun SUBCOMMAND ...\n\n"
               "subcommands: " + ", ".join(SUBCOMMANDS) + "\n\nsandboxrun run --help for run options.")

@@ -401,3 +401,43 @@ def test_whole_number_options_take_ascii_digits_only(args: list[str]) -> None:
     """int() reads "1_0" as 10 and Arabic-Indic "١" as 1: each was taken."""
     r = cli(*args)
     assert r.returncode == 2 and b"invalid int value" in r.stderr, r
+
+
+_NONBLOCKING_STDOUT = ("import fcntl, os, sys; fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK); "
+                       "os.execv(sys.executable, [sys.executable, '-m', 'sandbox', *sys.argv[1:]])")
+
+
+@pytest.mark.parametrize("mode", ["json", "batch"])
+def test_a_non_blocking_stdout_with_a_slow_reader_loses_nothing(isolated, mode: str) -> None:
+    # Another holder of a shared pipe set O_NONBLOCK: --json stopped at 64 KiB with an internal
+    # error, and batch cut each line at 64 KiB, without a word and with exit 0.
+    import time
+
+    big = "yes | head -c 500000"
+    args = ["--json", "--", "sh", "-c", big] if mode == "json" else ["batch", "-"]
+    p = subprocess.Popen([sys.executable, "-c", _NONBLOCKING_STDOUT, *args], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.stdin is not None and p.stdout is not None
+    if mode == "batch":
+        p.stdin.write((json.dumps({"command": big, "shell": True}) + "\n").encode() * 2)
+    p.stdin.close()
+    time.sleep(2)  # the pipe fills while nobody reads
+    out = p.stdout.read()
+    err = p.stderr.read() if p.stderr else b""
+    assert p.wait(timeout=60) == 0, err[-2000:]
+    docs = [json.loads(line) for line in out.splitlines()] if mode == "batch" else [json.loads(out)]
+    assert len(docs) == (2 if mode == "batch" else 1) and all(d["stdout_bytes"] == 500000 for d in docs), err
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["--timeout", "1", "--", "sleep", "3"], 124),
+    (["--", "no-such-command-xyz"], 127),
+    (["--memory", "1", "--", "true"], 2),
+    (["--", "sh", "-c", "head -c 2000000 /dev/zero"], 0),  # (output truncated: a line on stderr)
+])
+def test_a_stderr_that_cannot_be_written_keeps_every_exit_code(isolated, args: list[str], code: int) -> None:
+    # The line sandboxrun writes there failed, the error handler's own line too: exit 1.
+    with open("/dev/full", "wb") as full:
+        cp = subprocess.run([sys.executable, "-m", "sandbox", *args], stdout=subprocess.DEVNULL, stderr=full,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert cp.returncode == code
