@@ -83,7 +83,10 @@ def _normalised(given: object, what: str) -> tuple[str, str]:
         raise InputError(f"{what}: empty path")
     if "\0" in text:
         raise InputError(f"{what} contains a NUL byte")
-    path = os.path.normpath(os.path.abspath(text))
+    try:
+        path = os.path.normpath(os.path.abspath(text))
+    except FileNotFoundError:  # os.getcwd(): the directory we were started in was removed
+        raise InputError(f"{what}: {text} is relative, and the current directory no longer exists") from None
     return text, "/" + path.lstrip("/")  # normpath keeps a leading "//"
 
 

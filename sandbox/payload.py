@@ -370,7 +370,11 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     if "properties" not in doc:
         raise PayloadError("properties", "missing: the list of {\"name\", \"value\"} properties")
     props = _props(doc["properties"], action)
-    base = os.getcwd() if base is None else base
+    if base is None:
+        try:
+            base = os.getcwd()
+        except FileNotFoundError:
+            raise InputError("the current directory no longer exists: the payload's paths are relative to it") from None
     # The model writes these paths: by default they stay inside the directory we were started
     # in (a payload naming /root/.ssh or any other host directory is refused); `root="/"` for
     # any directory that is not a system tree.

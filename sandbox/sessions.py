@@ -1244,11 +1244,24 @@ def _monitor_env(sdir: str) -> dict[str, str]:
     return env
 
 
+def _above_std(fd: int) -> int:
+    if fd > 2:
+        return fd
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 def _spawn_monitor(sdir: str) -> None:
     # -P: `-m` would put its working directory, the session folder, first on the import path.
-    r, w = os.pipe()
-    err = os.open(os.path.join(sdir, "monitor.log"),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    # Numbered 3 or more: the child's stdin/stdout/stderr set-up would take over a 0, 1 or 2
+    # (a caller that closed its own got "the session monitor failed: no message").
+    r, w = (_above_std(fd) for fd in os.pipe())
+    err = _above_std(os.open(os.path.join(sdir, "monitor.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     try:
         proc = subprocess.Popen(
             [sys.executable, "-s", "-P", "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,

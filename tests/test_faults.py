@@ -1503,3 +1503,36 @@ def test_the_cli_unblocks_the_signals_its_parent_blocked(isolated) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+_YIELD_WITH_STD_FDS_CLOSED = """
+import json, os, sys
+import sandbox
+from sandbox import sessions
+for fd in (0, 1):
+    os.close(fd)
+r = sandbox.run(["sh", "-c", "sleep 0.3; echo later"], yield_after=0.05)
+res = sessions.get(r.session_id).wait(20)
+os.write(2, json.dumps([r.status, res.status, res.stdout]).encode())
+"""
+
+
+def test_a_yield_from_a_caller_without_stdin_and_stdout_starts_its_monitor(isolated, tmp_path: Path) -> None:
+    # The monitor's pipe took fd 1, which the monitor's own stdout set-up replaced: "the
+    # session monitor failed: no message".
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cp = subprocess.run([sys.executable, "-c", _YIELD_WITH_STD_FDS_CLOSED], capture_output=True, text=True,
+                        timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "SANDBOXRUN_STATE_DIR": str(state)})
+    assert cp.returncode == 0 and json.loads(cp.stderr) == ["running", "ok", "later\n"], cp.stderr[-2000:]
+
+
+def test_a_removed_current_directory_is_named_not_an_internal_error(isolated, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    script = (f"import os, subprocess, sys; os.mkdir({str(gone)!r}); os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); "
+              "sys.exit(subprocess.run([sys.executable, '-m', 'sandbox', *sys.argv[1:]]).returncode)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for args in (["python", "x.py"], ["--stdin-file", "x", "--", "cat"]):
+        cp = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert cp.returncode == 2 and "the current directory no longer exists" in cp.stderr, (args, cp.stderr)
+        assert "internal error" not in cp.stderr
