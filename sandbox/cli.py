@@ -501,6 +501,21 @@ def _std_fds() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
+def _more_files() -> None:
+    """A soft RLIMIT_NOFILE the caller left low (`ulimit -Sn 12`) is raised toward its hard
+    limit, as far as 1024: a run holds a few pipes and files of its own (the sandbox sets the
+    command's own limit, limits.open_files, whatever ours is)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1024 and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1024 if hard == resource.RLIM_INFINITY else min(1024, hard),
+                                                        hard))
+        except (OSError, ValueError):
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None:
@@ -537,6 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before we read their pid or status), and blocked signals (a SIGTERM that never came).
     signals.signal(signals.SIGCHLD, signals.SIG_DFL)
     signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, signals.SIGTERM, signals.SIGHUP))
+    _more_files()
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)

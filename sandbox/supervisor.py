@@ -463,6 +463,16 @@ def _join_cgroup(cg: cgroups.RunCgroup, pid: int, sync_w: int, born_there: bool 
         os.close(sync_w)
 
 
+def _no_more_files(err: int) -> str:
+    if err == errno.ENFILE:
+        return "the system's table of open files is full"
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"this process has as many files open as its RLIMIT_NOFILE allows ({soft}): a run needs a dozen "
+            "more (raise the soft limit, ulimit -Sn)")
+
+
 def _pipe(size: int | None = None) -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     if size:
@@ -487,6 +497,7 @@ def execute(req: Request) -> Result:
     plan_pid_namespace = True
     shares_host_dirs = False  # no mount namespace: the run writes the host's /tmp
     opened: list[int] = []
+    launched: Launched | None = None
     failing = False  # an exception (a first interrupt) is on its way out: a second one waits behind it
     try:
         try:
@@ -549,9 +560,11 @@ def execute(req: Request) -> Result:
             plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if top is None else min(v + NPROC_MARGIN, top))
                                                if k == "processes" else (k, v) for k, v in plan.rlimits))
         out_r, out_w = _pipe(1 << 20)
+        opened += [out_r, out_w]
         err_r, err_w = _pipe(1 << 20)
+        opened += [err_r, err_w]
         rep_r, rep_w = _pipe()
-        opened += [out_r, out_w, err_r, err_w, rep_r, rep_w]
+        opened += [rep_r, rep_w]
         stdin_w = -1
         # What the run is given to write (its pipes, its terminal) becomes its host uid's, so that
         # it may reopen them: `echo x > /dev/stderr` opens /proc/self/fd/2 anew, which checks the
@@ -653,6 +666,11 @@ def execute(req: Request) -> Result:
             if res.isolation.cgroup == "none" and cg_error:
                 res.isolation.limits["cgroup_unavailable"] = cg_error
         return res
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE) and launched is None:  # (nothing ran yet)
+            return _setup_error(argv, prof, "files", e.errno, _no_more_files(e.errno), started, known=True)
+        failing = True
+        raise
     except BaseException:
         failing = True
         raise

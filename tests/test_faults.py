@@ -1536,3 +1536,47 @@ def test_a_removed_current_directory_is_named_not_an_internal_error(isolated, tm
         cp = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60, env=env)
         assert cp.returncode == 2 and "the current directory no longer exists" in cp.stderr, (args, cp.stderr)
         assert "internal error" not in cp.stderr
+
+
+_FEW_FILES_LEFT = """
+import json, os, resource
+import sandbox
+sandbox.run(["true"])
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+out = []
+for _ in range(12):  # each run finds one file more than the last
+    os.close(held.pop())
+    try:
+        r = sandbox.run(["true"])
+        out.append([r.status, r.error])
+    except Exception as e:
+        out.append(["raised", repr(e)])
+for fd in held:
+    os.close(fd)
+out.append([sandbox.run(["true"]).status, None])
+print(json.dumps(out))
+"""
+
+
+def test_a_caller_out_of_files_gets_a_named_setup_error_and_leaks_none(isolated) -> None:
+    # EMFILE came out of sandbox.run as a bare OSError from wherever the run's set-up stood.
+    cp = subprocess.run([sys.executable, "-c", _FEW_FILES_LEFT], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    out = json.loads(cp.stdout)
+    for status, error in out[:-1]:
+        assert status == "ok" or (status == "setup_error" and ("RLIMIT_NOFILE" in error
+                                                               or "Too many open files" in error)), out
+    assert out[-1][0] == "ok", out
+
+
+def test_the_cli_raises_a_low_soft_open_files_limit(isolated) -> None:
+    cp = subprocess.run(["sh", "-c", f"ulimit -Sn 12; exec {sys.executable} -m sandbox -- sh -c 'ulimit -n'"],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (cp.returncode, cp.stdout) == (0, "256\n"), cp.stderr
