@@ -94,7 +94,10 @@ def state_dir() -> str:
         pass
     except OSError as e:
         raise SandboxError(f"state directory {path}: {e.strerror} (set SANDBOXRUN_STATE_DIR)") from None
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except OSError as e:  # ENOTDIR: XDG_RUNTIME_DIR (say) names a file, which makedirs took as there
+        raise SandboxError(f"state directory {path}: {e.strerror} (set SANDBOXRUN_STATE_DIR)") from None
     if not stat.S_ISDIR(st.st_mode):
         raise SandboxError(f"state directory {path}: not a directory (a symlink?)")
     if st.st_uid != os.geteuid():

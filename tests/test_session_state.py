@@ -169,3 +169,16 @@ def test_a_session_whose_starter_ended_before_it_was_watched_ends_unless_handed_
     t.start()
     t.join(10)  # at once either way: it had waited for ever for a detach that never came
     assert not t.is_alive() and killed == ([] if detached else [True]), (t.is_alive(), killed)
+
+
+def test_a_runtime_directory_that_is_a_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # makedirs(exist_ok=True) takes an existing file for the parent; lstat then raised
+    # NotADirectoryError: "internal error" for a user whose XDG_RUNTIME_DIR names a file.
+    from sandbox import hostpaths
+
+    afile = tmp_path / "runtime"
+    afile.write_text("")
+    monkeypatch.delenv("SANDBOXRUN_STATE_DIR", raising=False)
+    monkeypatch.setattr(hostpaths, "default_state_dir", lambda: str(afile / "sandboxrun"))
+    with pytest.raises(SandboxError, match=r"runtime/sandboxrun: Not a directory \(set SANDBOXRUN_STATE_DIR\)"):
+        sessions.state_dir()
