@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import strictjson
-from .errors import InputError, ProfileError
+from .errors import InputError, ProfileError, write_failure
 from .profile import Profile
 from .record import record
 from .result import Result
@@ -297,8 +297,15 @@ def run_python(
         finally:
             os.close(dfd)
         copy = os.path.join(tmp, "script.py")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as e:  # a full $TMPDIR, a file size limit: nothing ran
+            from .supervisor import _setup_error
+
+            res = _setup_error(argv, prof, "workdir", e.errno or 0,
+                               f"cannot copy the script to {copy}: {write_failure(e)}", started, known=True)
+            return PythonResult(**{k: getattr(res, k) for k in Result.__record_names__})
         binds = kw.pop("ro_bind", None) or []
         binds = [binds] if isinstance(binds, str) else list(binds)
         res = run(argv, profile=prof, ro_bind=[*binds, f"{copy}:{target}"], **kw)

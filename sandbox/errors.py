@@ -41,3 +41,18 @@ def os_bytes(text: str, what: str) -> bytes:
     except UnicodeEncodeError as e:
         raise InputError(f"{what}: {text[e.start]!r} at offset {e.start} is a lone surrogate, which stands "
                          "for no bytes (not valid UTF-8 text)") from None
+
+
+def write_failure(err: OSError) -> str:
+    """Why a write of sandboxrun's own (state, a script copy) failed, in words: EFBIG names
+    the caller's file size limit, which its processes inherit (`ulimit -f`)."""
+    import errno
+
+    why = err.strerror or str(err)
+    if err.errno == errno.EFBIG:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if soft != resource.RLIM_INFINITY:
+            why += f": this process's file size limit (RLIMIT_FSIZE, `ulimit -f`) is {soft} bytes"
+    return why

@@ -461,8 +461,10 @@ class ServerForker:
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "XDG_CACHE_HOME") or k.startswith("SANDBOXRUN_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # find what the caller found
         env["SANDBOXRUN_FORKSERVER_FD"] = str(theirs.fileno())
+        from .isolation.rlimits import bytecode_flags
+
         self._proc = subprocess.Popen(
-            [sys.executable, "-s", "-c", code], pass_fds=[theirs.fileno()], env=env,
+            [sys.executable, "-s", *bytecode_flags(), "-c", code], pass_fds=[theirs.fileno()], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
         )
         theirs.close()

@@ -30,6 +30,7 @@ import base64
 import fcntl
 import json
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -179,6 +180,8 @@ class Monitor:
         self._set_meta(monitor_pid=me, monitor_start=proc_starttime(me), log_token=token,
                        pid_ns=own_pid_namespace())
         self.prof = prof = profile_from_json(self.req["profile"])
+        if prof.limits.file_size is not None:  # (else the run inherits the starter's, as run() does)
+            _lift_file_size()
         if os.geteuid() == 0:
             # Fork from here, while this process has one thread. Not rootless: a direct fork
             # there leaves this process in a pid_for_children namespace it cannot setns back
@@ -502,6 +505,14 @@ def _caller_pidfd(req: dict[str, Any]) -> int | None:
         os.close(fd)
         return -1
     return fd
+
+
+def _lift_file_size() -> None:
+    # The starter's soft `ulimit -f` would cut this process's logs and result; the run's own
+    # limit is the profile's file_size, set in the sandbox.
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
 
 
 def main(argv: list[str]) -> int:

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import record as records
-from .errors import EXIT_SANDBOX, InputError, SandboxError, os_bytes
+from .errors import EXIT_SANDBOX, InputError, SandboxError, os_bytes, write_failure
 from .record import record
 from .result import Isolation, Result, utf8_text
 from .units import MAX_DURATION
@@ -57,6 +57,12 @@ DEFAULT_LOG_LINES = 200
 ID_RE = re.compile(r"^[0-9a-f]{8}$")
 _ID_PREFIX_RE = re.compile(r"[0-9a-f]{3,8}\Z")  # (with match: the whole name)
 _STREAMS = ("stdout", "stderr")
+
+
+class StateUnwritable(SandboxError):
+    """The host refused the session's own files (a full disk, a file size limit): nothing ran."""
+
+    exit_code = EXIT_SANDBOX
 
 
 class SessionBlocked(SandboxError):
@@ -1232,6 +1238,9 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
         if names_lock >= 0:
             fcntl.flock(names_lock, fcntl.LOCK_UN)  # the name is visible now: the next may check
         _spawn_monitor(sdir)
+    except OSError as e:  # a full disk, a file size limit: the host refused, nothing ran
+        _abandon(sdir)
+        raise StateUnwritable(f"state directory {root}: cannot write the session's files: {write_failure(e)}") from None
     except BaseException:
         _abandon(sdir)
         raise
@@ -1262,12 +1271,14 @@ def _spawn_monitor(sdir: str) -> None:
     # -P: `-m` would put its working directory, the session folder, first on the import path.
     # Numbered 3 or more: the child's stdin/stdout/stderr set-up would take over a 0, 1 or 2
     # (a caller that closed its own got "the session monitor failed: no message").
+    from .isolation.rlimits import bytecode_flags
+
     r, w = (_above_std(fd) for fd in os.pipe())
     err = _above_std(os.open(os.path.join(sdir, "monitor.log"),
                              os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-s", "-P", "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,
+            [sys.executable, "-s", "-P", *bytecode_flags(), "-m", "sandbox.monitor", sdir, str(w)], pass_fds=(w,), cwd=sdir,
             env=_monitor_env(sdir), start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=err, close_fds=True,
         )

@@ -20,7 +20,7 @@ from _collections_abc import Mapping  # what collections.abc re-exports, without
 
 from . import profile as profiles
 from . import shellwords, signals
-from .errors import InputError, os_bytes
+from .errors import InputError, os_bytes, write_failure
 from .fdwait import readable
 from .forker import ChildFds, DirectForker, ForkError, Launched, ServerForker
 from .hostpaths import check_writable_bind
@@ -669,6 +669,9 @@ def execute(req: Request) -> Result:
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE) and launched is None:  # (nothing ran yet)
             return _setup_error(argv, prof, "files", e.errno, _no_more_files(e.errno), started, known=True)
+        if e.errno == errno.EFBIG and launched is None:  # the set-up program's memfd, under `ulimit -f`
+            return _setup_error(argv, prof, "files", e.errno, f"cannot write the run's set-up: {write_failure(e)}",
+                                started, known=True)
         failing = True
         raise
     except BaseException:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -1580,3 +1581,79 @@ def test_the_cli_raises_a_low_soft_open_files_limit(isolated) -> None:
     cp = subprocess.run(["sh", "-c", f"ulimit -Sn 12; exec {sys.executable} -m sandbox -- sh -c 'ulimit -n'"],
                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (cp.returncode, cp.stdout) == (0, "256\n"), cp.stderr
+
+
+def _under_file_size(limit: int, *argv: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    # Only the soft limit: the run raises its own to the profile's file_size. Output to pipes,
+    # which no file size limit covers.
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, preexec_fn=lower,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "SANDBOXRUN_STATE_DIR": str(state), **env})
+
+
+def test_a_file_size_limit_gives_start_a_named_error_and_leaves_no_session(isolated, tmp_path: Path) -> None:
+    # EFBIG writing the session's files was an internal error.
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cp = _under_file_size(0, sys.executable, "-m", "sandbox", "start", "--", "sleep", "30", state=state)
+    assert cp.returncode == 125, (cp.returncode, cp.stderr)
+    assert "file size limit (RLIMIT_FSIZE" in cp.stderr and "internal error" not in cp.stderr, cp.stderr
+    assert [p.name for p in state.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_file_size_limit_below_the_set_up_gives_a_named_setup_error(isolated, tmp_path: Path) -> None:
+    # The native stage's program goes through a memfd, which RLIMIT_FSIZE covers: EFBIG came
+    # out of sandbox.run as a bare OSError.
+    code = "import json, sandbox; r = sandbox.run(['true']); print(json.dumps([r.status, r.error_step, r.error]))"
+    cp = _under_file_size(1024, sys.executable, "-c", code, state=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    status, step, error = json.loads(cp.stdout)
+    assert (status, step) == ("setup_error", "files") and "is 1024 bytes" in error, error
+
+
+def test_a_file_size_limit_gives_run_python_a_named_setup_error(isolated, tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print(6 * 7)\n")
+    code = (f"import json, sandbox; r = sandbox.coderunner.run_python({str(script)!r}); "
+            "print(json.dumps([r.status, r.error_step, r.error]))")
+    cp = _under_file_size(0, sys.executable, "-c", code, state=tmp_path)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    status, step, error = json.loads(cp.stdout)
+    assert (status, step) == ("setup_error", "workdir") and "file size limit (RLIMIT_FSIZE" in error, error
+
+
+def test_a_session_keeps_its_whole_log_under_the_starters_file_size_limit(isolated, tmp_path: Path) -> None:
+    # The monitor inherited the starter's soft `ulimit -f`: the log stopped at it. The run's
+    # own limit is still the profile's.
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cp = _under_file_size(8192, sys.executable, "-m", "sandbox", "start", "--name", "big", "--",
+                          "sh", "-c", "seq 20000; ulimit -f", state=state)
+    assert cp.returncode == 0, cp.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SANDBOXRUN_STATE_DIR": str(state)}
+    done = subprocess.run([sys.executable, "-m", "sandbox", "wait", "--json", "big"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert json.loads(done.stdout)["status"] == "ok", done.stdout
+    logs = subprocess.run([sys.executable, "-m", "sandbox", "log", "--offset", "0", "--limit", "30000", "big"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    lines = logs.stdout.splitlines()
+    assert lines[:-1] == [str(i) for i in range(1, 20001)], lines[-3:]
+    assert lines[-1] == str(64 * 2**20 // 512), lines[-1]  # strict's file_size, in ulimit's 512-byte blocks
+    subprocess.run([sys.executable, "-m", "sandbox", "remove", "big"], env=env, timeout=60, check=True,
+                   capture_output=True)
+
+
+def test_a_file_size_limit_leaves_no_cut_bytecode_behind(isolated, tmp_path: Path) -> None:
+    # CPython renames a cut .pyc into place under `ulimit -f`, and the next start then fails
+    # ("marshal data too short"): neither the CLI nor the processes it starts write any then.
+    pkg = tmp_path / "pkg"
+    shutil.copytree(ROOT / "sandbox", pkg / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = {"PYTHONPATH": str(pkg), "PYTHONDONTWRITEBYTECODE": ""}
+    for argv in (["--", "true"], ["start", "--name", "s", "--", "true"], ["wait", "s"], ["remove", "s"]):
+        cp = _under_file_size(16384, sys.executable, str(ROOT / "bin" / "sandboxrun"), *argv, state=state, **env)
+        assert cp.returncode == 0, (argv, cp.stderr)
+    assert not list(pkg.rglob("*.pyc"))

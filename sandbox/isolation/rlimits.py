@@ -92,3 +92,14 @@ def beyond_reach(limits: tuple[tuple[str, int], ...]) -> str | None:
 def apply(limits: tuple[tuple[str, int], ...]) -> None:
     for name, value in limits:
         resource.setrlimit(NAMES[name], (value, value))
+
+
+def bytecode_flags() -> list[str]:
+    """["-B"] for a Python process of ours that must write no .pyc: the caller said so, or a
+    finite `ulimit -f` is set, under which CPython renames a cut .pyc into place (its short
+    write goes unchecked) and every later start of sandboxrun fails."""
+    import sys
+
+    if sys.dont_write_bytecode or resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return ["-B"]
+    return []
