@@ -43,6 +43,8 @@ async def run_async(command: Any, **kwargs: Any) -> Result:
     goes on."""
     from .asyncrun import in_thread
 
+    if "cancel" in kwargs:  # (else a TypeError: run() got multiple values for 'cancel')
+        raise InputError("cancel: run_async makes its own; cancel the task instead")
     return await in_thread(lambda cancel: run(command, cancel=cancel, **kwargs))
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -15,7 +15,7 @@ T = TypeVar("T")
 async def in_thread(work: Callable[[Cancel], T]) -> T:
     """work(cancel) in a thread of its own; the loop never blocks. Cancelling the awaiting task
     cancels `cancel` (each run given it is killed, its whole tree) and waits for that before
-    the CancelledError goes on. A thread per call, not an executor's: its few workers would
+    the CancelledError goes on (a second cancel too). A thread per call, not an executor's: its few workers would
     cap how many runs go at once (and an SDK reading its input through the same pool would
     stall behind them), and asyncio.run() would wait for them on the way out."""
     loop = asyncio.get_running_loop()
@@ -39,14 +39,20 @@ async def in_thread(work: Callable[[Cancel], T]) -> T:
         except RuntimeError:  # the loop is closed: nobody waits for it
             pass
 
-    threading.Thread(target=target, name="sandboxrun-async", daemon=True).start()
+    try:
+        # Not threading.Thread().start(): it waits for the new thread to take the GIL, up to a
+        # switch interval (5 ms) while other runs' threads are busy, and it waits on the loop.
+        _thread.start_new_thread(target, ())
+    except BaseException:
+        cancel.close()
+        raise
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
-        if not done.done():
-            cancel.cancel()
+        cancel.cancel()
+        while not done.done():  # the sandbox is gone before the cancellation goes on
             try:
-                await done  # the sandbox is gone before the cancellation goes on
-            except BaseException:  # noqa: BLE001 - the run's own outcome is not wanted now (nor a second cancel)
+                await asyncio.shield(done)  # (shielded: a second cancel must not end the wait)
+            except BaseException:  # noqa: BLE001 - a further cancel, or the run's outcome: not wanted now
                 pass
         raise

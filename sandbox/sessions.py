@@ -53,6 +53,7 @@ START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure)
 ANSWER_GRACE_S = 2.0  # for the result of a session whose monitor cut a request: it exits just after writing it
 LOG_MIN = 1024
 TAIL_BYTES = 16384  # output shown by run_or_yield when a run becomes a session
+CANCEL_POLL = 0.1  # how soon run_or_yield sees a Cancel (run_async's) while it waits
 DEFAULT_LOG_LINES = 200
 ID_RE = re.compile(r"^[0-9a-f]{8}$")
 _ID_PREFIX_RE = re.compile(r"[0-9a-f]{3,8}\Z")  # (with match: the whole name)
@@ -1330,6 +1331,21 @@ _TO_LOGS = "the output goes to the session's logs"
 _NO_FD = "a session's input is stdin bytes, a stdin_file by name, or Session.write"
 
 
+def _wait_or_cancel(sess: Session, timeout: float | None, cancel: Any) -> Result | None:
+    if cancel is None:
+        return sess.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not cancel.cancelled:  # in slices: the monitor's wait cannot watch the Cancel's fd
+        left = None if deadline is None else deadline - time.monotonic()
+        res = sess.wait(timeout=CANCEL_POLL if left is None else max(0.0, min(left, CANCEL_POLL)))
+        if res is not None or (left is not None and left <= CANCEL_POLL):
+            return res
+    res = sess.remove(grace=0)  # the caller never learns its id: it must not run on
+    if res is not None:
+        res.session_id, res.error = None, "cancelled by the caller: the sandbox was killed"
+    return res
+
+
 def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes: int = TAIL_BYTES,
                  **kwargs: Any) -> Result:
     """Run `command` as a session; if it ends within `yield_after` seconds return its
@@ -1341,6 +1357,7 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
     # Checked before the session starts: a value wait() refused after it would leave one
     # running that the caller never learns of.
     yield_after = _seconds("yield_after", yield_after, forever=True)
+    cancel = kwargs.pop("cancel", None)  # run_async's: ends the session while it is waited for
     for bad, why in (("on_stdout", _TO_LOGS), ("on_stderr", _TO_LOGS), ("stdin_fd", _NO_FD), ("stdin_from", _NO_FD)):
         if kwargs.get(bad) is not None:
             raise InputError(f"{bad} cannot be combined with yield_after ({why})")
@@ -1350,7 +1367,7 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
     except SessionBlocked as e:
         return e.result
     try:
-        res = sess.wait(timeout=yield_after)
+        res = _wait_or_cancel(sess, yield_after, cancel)
     except BaseException:  # Ctrl-C, SIGTERM: the caller never learns its id, so it must not run on
         try:
             sess.remove(grace=0)

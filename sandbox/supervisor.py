@@ -1206,6 +1206,9 @@ def run(
 ) -> Result:
     """Run `command` in a sandbox and return its Result. Never raises for what the
     command does; raises SandboxError (InputError/ProfileError) for bad input."""
+    cancel = overrides.get("cancel")
+    if cancel is not None and not isinstance(cancel, Cancel):
+        raise InputError(f"cancel: expected sandbox.supervisor.Cancel, got {type(cancel).__name__}")
     if overrides.get("yield_after") is not None:
         from .sessions import run_or_yield
 
@@ -1228,6 +1231,8 @@ def run(
         if fn is not None and not callable(fn):  # (else a TypeError at the first output, mid-run)
             raise InputError(f"{name}: expected a function of bytes, got {type(fn).__name__}")
     stdin_fd = overrides.pop("stdin_fd", None)
+    if stdin_fd is not None:
+        _check_fd(stdin_fd)
     stdin_from = overrides.pop("stdin_from", None)
     if stdin_from is not None and (stdin is not None or stdin_fd is not None):
         raise InputError("stdin_from: give one of stdin, stdin_fd and stdin_from")
@@ -1236,9 +1241,7 @@ def run(
     cgroup_slots = overrides.pop("cgroup_slots", None)
     if cgroup_slots is not None and not isinstance(cgroup_slots, cgroups.Slots):
         raise InputError(f"cgroup_slots: expected sandbox.isolation.cgroups.Slots, got {type(cgroup_slots).__name__}")
-    cancel = overrides.pop("cancel", None)
-    if cancel is not None and not isinstance(cancel, Cancel):
-        raise InputError(f"cancel: expected sandbox.supervisor.Cancel, got {type(cancel).__name__}")
+    overrides.pop("cancel", None)
     prof = profile if isinstance(profile, Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
     argv = to_argv(command, shell)
@@ -1268,6 +1271,15 @@ def run(
     if _in_daemon_thread():
         return _execute_ended_at_exit(req)
     return execute(req)
+
+
+def _check_fd(fd: Any) -> None:
+    if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+        raise InputError(f"stdin_fd: expected an open file descriptor (an int >= 0), got {fd!r}")
+    try:
+        os.fstat(fd)
+    except OSError as e:
+        raise InputError(f"stdin_fd: {fd} is not an open file descriptor ({e.strerror})") from None
 
 
 def _in_daemon_thread() -> bool:

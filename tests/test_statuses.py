@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from conftest import marker, py
+from conftest import STUBBORN, end_marked, marker, py
 
 import sandbox
 from sandbox import leaks
@@ -276,6 +276,107 @@ def test_cancelling_run_async_kills_the_sandbox(isolated) -> None:
     finally:
         for p in leaks.marked(mark):
             os.kill(p.pid, 9)
+
+
+def test_a_second_cancel_still_waits_for_the_sandbox_to_go(isolated) -> None:
+    """anyio re-sends a cancellation at each turn of the loop, and a second Ctrl-C under
+    asyncio.run cancels again: the second CancelledError went on at once, the sandbox alive."""
+    mark = marker()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(sandbox.run_async(STUBBORN.format(mark=mark), shell=True, timeout=60))
+        deadline = time.monotonic() + 30  # a bound, not a benchmark
+        while not leaks.marked(mark):
+            assert time.monotonic() < deadline, "the sandbox never started"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not leaks.marked(mark)
+
+    try:
+        asyncio.run(main())
+    finally:
+        end_marked(mark)
+
+
+def test_run_async_takes_yield_after_and_its_cancel_ends_the_session(isolated, private_state_dir) -> None:
+    # run_async passed its Cancel on to the session as if a profile setting: a ProfileError.
+    mark = marker()
+
+    async def main() -> tuple[sandbox.Result, sandbox.Result]:
+        quick = await sandbox.run_async(["echo", "hi"], yield_after=30)
+        task = asyncio.ensure_future(sandbox.run_async(STUBBORN.format(mark=mark), shell=True, yield_after=60))
+        deadline = time.monotonic() + 30
+        while not leaks.marked(mark):
+            assert time.monotonic() < deadline, "the session never started"
+            await asyncio.sleep(0.02)
+        slow = await sandbox.run_async(["sleep", "30"], yield_after=0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not leaks.marked(mark)
+        return quick, slow
+
+    try:
+        quick, slow = asyncio.run(main())
+    finally:
+        end_marked(mark)
+    assert (quick.status, quick.stdout, quick.session_id) == ("ok", "hi\n", None), quick
+    assert slow.status == "running" and slow.session_id, slow
+    from sandbox import sessions
+
+    sessions.get(slow.session_id).remove(grace=0)
+    assert [s.id for s in sessions.list_sessions()] == []
+
+
+def test_run_async_starts_its_thread_without_waiting_on_the_loop(isolated, monkeypatch) -> None:
+    # threading.Thread.start() waits for the new thread to take the GIL: up to 5 ms each, on
+    # the loop, while other runs' threads are busy (50 runs at once held it ~200 ms).
+    import threading
+
+    def waits(self: threading.Thread) -> None:
+        raise AssertionError("Thread.start() on the event loop")
+
+    monkeypatch.setattr(threading.Thread, "start", waits)
+
+    async def main() -> list[sandbox.Result]:
+        return await asyncio.gather(*(sandbox.run_async(["true"]) for _ in range(3)))
+
+    assert [r.status for r in asyncio.run(main())] == ["ok"] * 3
+
+
+def test_run_async_leaks_no_fd_when_its_thread_cannot_start(isolated, monkeypatch) -> None:
+    import _thread
+
+    def refuse(*_: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main() -> None:
+        for _ in range(5):
+            with pytest.raises(RuntimeError, match="can't start new thread"):
+                await sandbox.run_async(["true"])
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(_thread, "start_new_thread", refuse)
+    asyncio.run(main())
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.parametrize("kwargs", [{"cancel": 1}, {"cancel": None}])
+def test_run_async_refuses_a_cancel_of_the_callers_by_name(isolated, kwargs) -> None:
+    with pytest.raises(sandbox.InputError, match="^cancel: run_async makes its own"):
+        asyncio.run(sandbox.run_async(["true"], **kwargs))
+
+
+@pytest.mark.parametrize("fd, why", [("x", "expected an open file descriptor"), (-1, "expected an open file"),
+                                     (True, "expected an open file"), (987, "987 is not an open file descriptor")])
+def test_a_bad_stdin_fd_is_named(isolated, fd, why) -> None:
+    with pytest.raises(sandbox.InputError, match=f"^stdin_fd: .*{why}"):
+        sandbox.run(["cat"], stdin_fd=fd)
 
 
 def test_run_async_runs_are_not_held_to_the_loops_executor(isolated, tmp_path) -> None:
