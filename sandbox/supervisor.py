@@ -253,7 +253,9 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
             "timeout_s": lim.timeout, "cpu_time_s": lim.cpu_time, "memory_bytes": lim.memory if cg else None,
             "address_space_bytes": lim.address_space, "processes": lim.processes,
             "file_size_bytes": lim.file_size, "open_files": lim.open_files, "cpus": lim.cpus if cg else None,
-            "output_bytes": lim.output, "output_overflow": lim.output_overflow, "tmp_bytes": lim.tmp_size,
+            "output_bytes": lim.output, "output_overflow": lim.output_overflow,
+            # a private /tmp only comes with the private view: the host view's is the host's own
+            "tmp_bytes": lim.tmp_size if plan and prof.view == "private" else None,
         },
     )
 

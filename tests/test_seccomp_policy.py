@@ -61,6 +61,7 @@ TIOCSTI, FIONREAD, TIOCSETD = 0x5412, 0x541B, 0x5423
 ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC = 0x0040000, 0x0400000
 X32_SYSCALL_BIT = 0x40000000
 AF_VSOCK = 40
+SOCK_DCCP, SOCK_PACKET = 6, 10
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -219,6 +220,14 @@ DENY_CASES: list[tuple[str, OpFactory, str, str | None]] = [
     ("socket_netlink_route_upper_bits",
      lambda t: lambda: os.close(raw(NR["socket"], socket.AF_NETLINK, socket.SOCK_RAW, 1 << 32)), "EPERM", None),
     ("socket_packet", lambda t: _sock(socket.AF_PACKET, socket.SOCK_RAW, 0), "EPERM", None),
+    # the type: SOCK_PACKET makes an inet socket a packet one; inet SEQPACKET with protocol 0
+    # is SCTP's, DCCP's type its own (where those modules are loaded)
+    ("socket_inet_sock_packet", lambda t: _sock(socket.AF_INET, SOCK_PACKET, 0), "EPERM", None),
+    ("socket_inet_sock_packet_cloexec",
+     lambda t: _sock(socket.AF_INET, SOCK_PACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK, 0), "EPERM", None),
+    ("socket_inet_seqpacket", lambda t: _sock(socket.AF_INET, socket.SOCK_SEQPACKET, 0), "EPERM", None),
+    ("socket_inet6_seqpacket", lambda t: _sock(socket.AF_INET6, socket.SOCK_SEQPACKET, 0), "EPERM", None),
+    ("socket_inet_dccp_type", lambda t: _sock(socket.AF_INET, SOCK_DCCP, 0), "EPERM", None),
     ("socket_vsock", lambda t: _sock(AF_VSOCK), "EPERM", None),
     # The kernel truncates domain to int: (1 << 32) | AF_INET would be AF_INET without the GE rule.
     ("socket_inet_upper_bits", lambda t: lambda: os.close(raw(NR["socket"], (1 << 32) | 2, 1, 0)), "EPERM",
@@ -328,6 +337,9 @@ ALLOW_CASES: list[tuple[str, OpFactory]] = [
     ("socket_tcp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)),
     ("socket_udp_by_number", lambda t: _sock(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)),
     ("socketpair_unix", lambda t: lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX)]),
+    ("socket_unix_seqpacket", lambda t: _sock(socket.AF_UNIX, socket.SOCK_SEQPACKET)),
+    ("socket_inet_nonblock_cloexec",
+     lambda t: _sock(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)),
     ("socket_netlink_route", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_RAW, 0)),
     ("socket_netlink_route_dgram", lambda t: _sock(socket.AF_NETLINK, socket.SOCK_DGRAM, 0)),
     ("if_nameindex", lambda t: lambda: socket.if_nameindex()),
@@ -474,6 +486,7 @@ def _seccomp_data(nr: int, args: tuple[int, ...], arch: int = 0) -> bytes:
 
 
 _ARG_VALUES = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 15, 16, 17, 58, 59, (1 << 32) | 16, 0x80, 0x800, 0x408, 0x400, 0x2000, 0x6000,
+               5, 0x80005, 0x80802, 0x8000A, 0x80801, 0x80000, 0x8000F,
                0x20000, 0x20008, 0x40000, 0xFFFFFFFF, 0xFFFFFFFE, 1 << 32, (1 << 32) | 8, (1 << 32) | 2,
                2**64 - 1, 2**64 - 100, seccomp._TIOCSTI, seccomp._TIOCSTI | (1 << 32), *CLONE_NS.values()]
 
@@ -517,6 +530,9 @@ def test_the_prologues_argument_checks_on_every_edge() -> None:
             for proto in _ARG_VALUES:
                 data = _seccomp_data(nr, (family, 3, proto))
                 assert _run_bpf(new, data) == _run_bpf(old, data), (name, hex(family), hex(proto))
+            for kind in _ARG_VALUES:  # family and type together (inet: no SEQPACKET)
+                data = _seccomp_data(nr, (family, kind, 0))
+                assert _run_bpf(new, data) == _run_bpf(old, data), (name, hex(family), hex(kind))
     assert decided["denied"] and decided["allowed"]  # both answers were reached
     for nr in range(0, 480):  # every other syscall: the same answer, its arguments all zero
         assert _run_bpf(new, _seccomp_data(nr, ())) == _run_bpf(old, _seccomp_data(nr, ())), nr

@@ -449,3 +449,14 @@ def test_a_timeout_shorter_than_the_setup_still_ends_the_command_with_sigterm(co
 def test_a_command_that_exits_on_its_timeouts_sigterm_keeps_its_exit_code(contained) -> None:
     r = sandbox.run("trap 'exit 5' TERM; sleep 10 & wait", shell=True, timeout=0.3)
     assert (r.status, r.exit_code, r.signal) == ("timeout", 5, None), r  # -1 only where there is none
+
+
+def test_the_tmp_limit_is_reported_only_where_a_private_tmp_is_mounted(isolated) -> None:
+    # `isolation` reports what was applied: nested's /tmp is the host's own, no 64 MiB tmpfs.
+    strict = sandbox.run(["sh", "-c", "df -k /tmp | tail -1"])
+    assert strict.isolation.limits["tmp_bytes"] == 64 * 2**20
+    assert strict.stdout.split()[1] == str(64 * 2**10), strict.stdout
+    if os.geteuid() != 0:
+        pytest.skip("profile nested takes a per-run host uid: a root caller's")
+    nested = sandbox.run(["true"], profile="nested")
+    assert nested.status == "ok" and nested.isolation.limits["tmp_bytes"] is None, nested

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 POLICIES = ("default", "off")
 
 # Bump whenever the rule table *or its compilation* changes: it is part of the disk-cache key.
-POLICY_VERSION = 6
+POLICY_VERSION = 7
 
 # The newest syscall the table was reviewed against: file_setattr (469, Linux 6.17; x86_64 and
 # aarch64 share every number from 424 on). A syscall added after it gets ENOSYS, as from an older
@@ -41,6 +41,7 @@ _MAP_HUGETLB, _MFD_HUGETLB, _SHM_HUGETLB = 0x40000, 0x4, 0o4000
 #   "EQ"/"GE"/"GT": arg <op> a (full 64-bit compare, b unused)
 #   "MASKED_EQ":    (arg & a) == b
 #   "NOT_IN":       arg not in a (a tuple of allowed values) -- lowered at compile time, see _expand()
+#   "MASKED_NOT_IN": (arg & b) not in a (a tuple of allowed values, each within the mask b)
 #   "ALL":          every condition of a holds: (an "EQ" guard on one argument, then a condition on
 #                   another); the index is unused
 Cond = tuple[int, str, "int | tuple[int, ...] | tuple[Cond, ...]", int]
@@ -72,6 +73,11 @@ _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK, _NETLINK_ROUTE = 1, 2, 10, 16, 0
 # Any other (SCTP, DCCP, L2TP, ...) makes the kernel load that protocol's module on demand, and
 # those rarely used modules are where socket exploits have come from.
 _PROTO_ALLOWED = (0, 1, 6, 17, 58)
+# socket()'s type, less its SOCK_NONBLOCK/SOCK_CLOEXEC flags (the kernel's SOCK_TYPE_MASK):
+# STREAM, DGRAM, RAW and, but for inet, SEQPACKET. Not SOCK_PACKET (an inet socket the kernel
+# makes a packet one), DCCP or RDM; not SEQPACKET for inet, which with protocol 0 is SCTP's.
+_SOCK_TYPE_MASK, _SOCK_STREAM, _SOCK_DGRAM, _SOCK_RAW, _SOCK_SEQPACKET = 0xF, 1, 2, 3, 5
+_INET_TYPES = (_SOCK_STREAM, _SOCK_DGRAM, _SOCK_RAW)
 # Everything but AF_UNIX, AF_INET, AF_INET6, also with upper bits set, which the kernel would
 # truncate to an allowed int.
 _SOCKETPAIR_DENIED: tuple[Cond, ...] = ((0, "NOT_IN", (_AF_UNIX, _AF_INET, _AF_INET6), 0),
@@ -84,6 +90,9 @@ _SOCKET_DENIED: tuple[Cond, ...] = (
     (0, "NOT_IN", (_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK), 0),
     (2, "NOT_IN", _PROTO_ALLOWED, 0),
     (0, "ALL", ((0, "EQ", _AF_NETLINK, 0), (2, "NOT_IN", (_NETLINK_ROUTE,), 0)), 0),
+    (1, "MASKED_NOT_IN", (*_INET_TYPES, _SOCK_SEQPACKET), _SOCK_TYPE_MASK),
+    *((0, "ALL", ((0, "EQ", family, 0), (1, "MASKED_NOT_IN", _INET_TYPES, _SOCK_TYPE_MASK)), 0)
+      for family in (_AF_INET, _AF_INET6)),
 )
 # cmd is an unsigned int in the kernel: compare the low 32 bits only (CVE-2019-10063). TIOCSETD
 # sets a line discipline, loading its module on demand (n_hdlc: CVE-2017-2636).
@@ -209,7 +218,8 @@ _DEFAULT_RULES: tuple[Rule, ...] = (
     # sockets: AF_UNIX, AF_INET, AF_INET6, with their built-in protocols only; AF_NETLINK for routing
     # information only (NETLINK_ROUTE)
     ("socket", _EPERM, _SOCKET_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK}, or "
-     "protocol not in {0, ICMP, TCP, UDP, ICMPv6}, or AF_NETLINK with another protocol than NETLINK_ROUTE"),
+     "protocol not in {0, ICMP, TCP, UDP, ICMPv6}, or AF_NETLINK with another protocol than NETLINK_ROUTE, "
+     "or type not STREAM, DGRAM, RAW (or SEQPACKET, but for inet): not SOCK_PACKET, DCCP, RDM"),
     ("socketpair", _EPERM, _SOCKETPAIR_DENIED, "family not in {AF_UNIX, AF_INET, AF_INET6}, or protocol not in "
      "{0, ICMP, TCP, UDP, ICMPv6}"),
     # terminal input injection, line disciplines
@@ -266,6 +276,9 @@ def _fmt_cond(cond: Cond, octal: bool) -> str:
     if op == "NOT_IN":
         assert isinstance(a, tuple)
         return f"arg{idx} not in {{{', '.join(f'{v:#x}' for v in a)}}}"
+    if op == "MASKED_NOT_IN":
+        assert isinstance(a, tuple)
+        return f"(arg{idx} & {b:#x}) not in {{{', '.join(f'{v:#x}' for v in a)}}}"
     if op == "ALL":
         assert isinstance(a, tuple)
         return "(" + " and ".join(_fmt_cond(c, octal) for c in a) + ")"
@@ -313,6 +326,9 @@ def _expand(cond: Cond) -> list[tuple[int, str, int, int]]:
     written as "arg > max(S)" plus aligned MASKED_EQ blocks covering every gap below max(S).
     """
     idx, op, a, b = cond
+    if op == "MASKED_NOT_IN":  # one MASKED_EQ per value the mask leaves that is not allowed
+        assert isinstance(a, tuple) and 0 < b < 256, cond
+        return [(idx, "MASKED_EQ", b, v) for v in range(b + 1) if v & b == v and v not in a]
     if op not in ("NOT_IN", "ALL"):
         assert isinstance(a, int)
         return [(idx, op, a, b)]
@@ -348,7 +364,7 @@ def _conjunctions(cond: Cond) -> list[tuple[tuple[int, str, int, int], ...]]:
 # program's 500 instructions). The kernel JIT-compiles the program at every run's load, so its
 # length is paid once a run (~180 µs for 500 instructions here).
 _IN_PROLOGUE = ("personality", "socket", "socketpair", "clone")
-_LD_W_ABS, _JEQ, _JGT, _JGE, _JSET, _JA, _RET = 0x20, 0x15, 0x25, 0x35, 0x45, 0x05, 0x06
+_LD_W_ABS, _AND, _JEQ, _JGT, _JGE, _JSET, _JA, _RET = 0x20, 0x54, 0x15, 0x25, 0x35, 0x45, 0x05, 0x06
 _RET_ERRNO = 0x00050000  # SECCOMP_RET_ERRNO | errno
 _ARGS_AT = 16  # offsetof(struct seccomp_data, args); little-endian: the low word first
 
@@ -360,31 +376,26 @@ def _arg_checks(nr: int, err: int, conds: tuple[Cond, ...], n: int) -> list[Insn
     """BPF for one prologue rule (`n` makes its labels unique): with A = the syscall number,
     ERRNO(err) if any condition holds, else on to the program; another syscall skips it all.
     Only what the kernel reads as a 32-bit int: "NOT_IN" (allowed: the upper word 0 and the
-    lower one of the values), "MASKED_EQ" of one bit of the lower word (the bits OR-ed
-    into one test), and "ALL" of an "EQ" guard and a "NOT_IN"."""
+    lower one of the values), "MASKED_NOT_IN" (of the lower word alone, as the kernel reads an
+    int), "MASKED_EQ" of one bit of the lower word (the bits OR-ed into one test), and "ALL"
+    of an "EQ" guard and a "NOT_IN" or "MASKED_NOT_IN"."""
     deny, skip = f"errno{err}", f"skip{n}"
     out: list[Insn | str] = [(_JEQ, 0, skip, nr)]
     bits: dict[int, int] = {}
     for k, (idx, op, a, b) in enumerate(conds):
-        lo, hi = _ARGS_AT + 8 * idx, _ARGS_AT + 8 * idx + 4
-        if op == "NOT_IN":
-            assert isinstance(a, tuple) and all(0 <= v <= _LOW32 for v in a), (nr, a)
+        lo = _ARGS_AT + 8 * idx
+        if op in ("NOT_IN", "MASKED_NOT_IN"):
             ok = f"ok{n}.{k}"
-            out += [(_LD_W_ABS, 0, 0, hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, lo)]
-            out += [(_JEQ, ok, deny if j == len(a) - 1 else 0, v) for j, v in enumerate(a)]
-            out.append(ok)
-        elif op == "ALL" and isinstance(a, tuple) and len(a) == 2 and a[0][1] == "EQ" and a[1][1] == "NOT_IN":
+            out += [*_not_in(nr, (idx, op, a, b), deny, ok), ok]
+        elif (op == "ALL" and isinstance(a, tuple) and len(a) == 2 and a[0][1] == "EQ"
+              and a[1][1] in ("NOT_IN", "MASKED_NOT_IN")):
             # the guard: the argument is this value (its upper word 0); then the NOT_IN as above
-            (g_idx, _eq, g_val, _), (n_idx, _not_in, allowed, _) = a
+            g_idx, _eq, g_val, _ = a[0]
             assert isinstance(g_val, int) and 0 <= g_val <= _LOW32, (nr, a)
-            assert isinstance(allowed, tuple) and all(0 <= v <= _LOW32 for v in allowed), (nr, a)
             ok = f"ok{n}.{k}"
             g_lo, g_hi = _ARGS_AT + 8 * g_idx, _ARGS_AT + 8 * g_idx + 4
-            n_lo, n_hi = _ARGS_AT + 8 * n_idx, _ARGS_AT + 8 * n_idx + 4
             out += [(_LD_W_ABS, 0, 0, g_hi), (_JEQ, 0, ok, 0), (_LD_W_ABS, 0, 0, g_lo), (_JEQ, 0, ok, g_val)]
-            out += [(_LD_W_ABS, 0, 0, n_hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, n_lo)]
-            out += [(_JEQ, ok, deny if j == len(allowed) - 1 else 0, v) for j, v in enumerate(allowed)]
-            out.append(ok)
+            out += [*_not_in(nr, a[1], deny, ok), ok]
         elif op == "MASKED_EQ" and isinstance(a, int) and a == b and 0 < a <= _LOW32 and a & (a - 1) == 0:
             bits[lo] = bits.get(lo, 0) | a
         else:
@@ -392,6 +403,20 @@ def _arg_checks(nr: int, err: int, conds: tuple[Cond, ...], n: int) -> list[Insn
     for lo, mask in bits.items():
         out += [(_LD_W_ABS, 0, 0, lo), (_JSET, deny, 0, mask)]
     return [*out, (_JA, 0, 0, "prog"), skip]
+
+
+def _not_in(nr: int, cond: Cond, deny: str, ok: str) -> list[Insn | str]:
+    """To `ok` if the argument is one of the allowed values, else to `deny`. NOT_IN compares
+    the whole 64 bits (the upper word 0), MASKED_NOT_IN the lower word under its mask."""
+    idx, op, allowed, mask = cond
+    assert isinstance(allowed, tuple) and all(0 <= v <= _LOW32 for v in allowed), (nr, cond)
+    lo, hi = _ARGS_AT + 8 * idx, _ARGS_AT + 8 * idx + 4
+    if op == "NOT_IN":
+        out: list[Insn | str] = [(_LD_W_ABS, 0, 0, hi), (_JEQ, 0, deny, 0), (_LD_W_ABS, 0, 0, lo)]
+    else:
+        assert op == "MASKED_NOT_IN" and 0 < mask <= _LOW32, (nr, cond)
+        out = [(_LD_W_ABS, 0, 0, lo), (_AND, 0, 0, mask)]
+    return out + [(_JEQ, ok, deny if j == len(allowed) - 1 else 0, v) for j, v in enumerate(allowed)]
 
 
 def _assemble(code: list[Insn | str]) -> bytes:
