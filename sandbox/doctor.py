@@ -129,6 +129,11 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
     code = E.errorcode.get(err, str(err))
     if step in _USERNS_STEPS:
         return _userns_cause(err, facts)
+    if step in _NS_STEPS and err == E.EAGAIN:  # the fork into the new pid namespace, not the namespace
+        return ("no process could be created: this user's RLIMIT_NPROC (ulimit -u), or the host's "
+                "kernel.pid_max / kernel.threads-max, is reached")
+    if step in _NS_STEPS and err == E.ENOSPC:
+        return "a namespace count limit is reached (the user.max_*_namespaces sysctls, or nesting deeper than 32)"
     if step in _NS_STEPS:
         if facts["rootless"]:
             return _userns_cause(err, facts)
@@ -138,6 +143,8 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
         if not facts["cap_sys_admin"]:
             return "this root lacks CAP_SYS_ADMIN (an unprivileged container); use the `nested` profile"
         return f"the kernel refused the namespace ({code}); is it compiled in (CONFIG_*_NS)?"
+    if step == "filesystem:chdir:workdir" and err in (E.EACCES, E.EPERM):
+        return "the run's user cannot enter its working directory: its owner or mode keeps the run's uid out"
     if step.startswith("filesystem") or step == "pivot_root":
         if facts["sysctls"].get("kernel.apparmor_restrict_unprivileged_userns") == "1" and facts["rootless"]:
             return _userns_cause(err, facts)
@@ -315,7 +322,7 @@ def _layer_rows(res: dict[str, dict[str, Any]], facts: dict[str, Any], cg: dict[
     layer("mount namespace", "mount", "private mount table", _NS_STEPS + ("filesystem:mount:private",))
     layer("filesystem view", "mount", "tmpfs root, read-only binds, rw workdir, /tmp, /dev",
           ("filesystem:mount:open", "filesystem:mount:root", "filesystem:mount:binds", "filesystem:mount:workdir",
-           "filesystem:mount:tmp", "filesystem:mount:dev", "filesystem:mount:etc"))
+           "filesystem:mount:tmp", "filesystem:mount:dev", "filesystem:mount:etc", "filesystem:chdir:workdir"))
     layer("/proc", "mount", "fresh procfs, knobs read-only", ("filesystem:mount:proc",))
     layer("pivot_root", "mount", "old root detached, / read-only", ("filesystem:pivot_root", "filesystem:mount:root-readonly"))
     layer("seccomp", "seccomp", "default policy: the kernel surface denied with EPERM, foreign ABIs killed", ("seccomp",))

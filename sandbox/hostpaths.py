@@ -301,6 +301,11 @@ def check_writable_dir(given: object, what: str) -> CheckedDir:
         os.close(fd)
     if problem:
         raise InputError(f"{what}: {problem}; it cannot be the sandbox's writable directory")
+    if not os.access(path, os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        # An unprivileged caller's run has the caller's ids (a root caller's, which may enter
+        # any directory, gets it idmapped or chowned).
+        raise InputError(f"{what}: {text}: this user may not enter it (no search permission), "
+                         "and neither may its run")
     return CheckedDir(path, st)
 
 

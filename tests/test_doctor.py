@@ -132,6 +132,17 @@ def test_other_causes() -> None:
         facts(sysctls={"kernel.apparmor_restrict_unprivileged_userns": "1"}))
 
 
+def test_causes_that_are_no_kernel_feature_missing() -> None:
+    # EAGAIN making the pid namespace's first process is a process limit, not CONFIG_PID_NS;
+    # a workdir the run may not enter is no container forbidding mounts.
+    root = facts(rootless=False, uid=0, cap_sys_admin=True, container="docker")
+    eagain = doctor.likely_cause("pid_namespace", errno.EAGAIN, root)
+    assert "RLIMIT_NPROC" in eagain and "CONFIG" not in eagain, eagain
+    assert "max_" in doctor.likely_cause("namespaces", errno.ENOSPC, root)
+    shut = doctor.likely_cause("filesystem:chdir:workdir", errno.EACCES, root)
+    assert "cannot enter its working directory" in shut and "container" not in shut, shut
+
+
 def test_host_facts_of_this_process() -> None:
     f = doctor.host_facts()
     assert f["uid"] == os.geteuid() and f["rootless"] is (os.geteuid() != 0)

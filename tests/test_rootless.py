@@ -689,6 +689,18 @@ def test_a_limit_above_the_callers_hard_rlimit_is_a_named_setup_error(tree: Tree
     assert (cp.returncode, r["status"], r["stdout"]) == (0, "ok", "256\n"), (cp.stdout, cp.stderr)
 
 
+def test_a_cwd_the_user_may_not_enter_is_named_before_any_sandbox(tree: Tree) -> None:
+    # It failed in the sandbox at chdir, under the last mount's step, blaming the container.
+    shut = tree.path / "shut"
+    shut.mkdir(mode=0o700)  # root's
+    try:
+        cp = tree.as_user([SYS_PYTHON, "-m", "sandbox", "--profile", "rootless", "--cwd", str(shut), "--", "true"])
+        assert cp.returncode == 2, (cp.returncode, cp.stderr)
+        assert f"--cwd: {shut}: this user may not enter it" in cp.stderr, cp.stderr
+    finally:
+        shut.rmdir()
+
+
 def test_nested_as_the_user_is_refused_where_its_runs_could_write_sandboxruns_cache(tree: Tree) -> None:
     """nested has no mount namespace: its runs write the host's /tmp as the caller. A cache there
     (HOME or XDG_CACHE_HOME under /tmp) let a run replace the native stage, which the next run,

@@ -428,6 +428,7 @@ def view_ops(spec: ViewSpec, template_fd: int = -1, rootless: bool = False) -> V
         _static_part(p, NEW_ROOT, spec, opened, devices)
         _per_run_part(p, NEW_ROOT, spec, work, console=console, binds=binds)
         _pivot_and_seal(p, NEW_ROOT)
+    p.sub("chdir:workdir")  # (else its EACCES is put on the last mount's name)
     p.op("c", spec.workdir)
     return p
 
