@@ -2,8 +2,8 @@
 
 Exit codes: the command's own; 128+N when a signal ended it; 124 on timeout (as
 timeout(1)); 125 when blocked or when the sandbox could not be set up; 2 for bad
-arguments, profiles or payloads; 130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP; `mcp`, a server,
-ends cleanly with 0). Errors are one line, never a traceback (`--debug` shows one).
+arguments, profiles or payloads; 130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP, 128+N on a timer's
+signal or SIGXCPU; `mcp`, a server, ends cleanly with 0). Errors are one line, never a traceback (`--debug` shows one).
 """
 
 from __future__ import annotations
@@ -546,12 +546,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_term(sig: int, _frame: object) -> None:
         raise _Terminated(sig)
 
-    signals.signal(signals.SIGTERM, on_term)
-    signals.signal(signals.SIGHUP, on_term)
+    # Also the timers' signals and SIGXCPU: an interval timer, alarm() or a CPU limit a parent
+    # set survives its exec of us (`alarm 5; exec sandboxrun ...`, a timeout idiom), and their
+    # default action ended the CLI at once, its sandbox's clean-up not done, nothing said.
+    ending = (signals.SIGTERM, signals.SIGHUP, signals.SIGALRM, signals.SIGVTALRM, signals.SIGPROF, signals.SIGXCPU)
+    for sig in ending:
+        signals.signal(sig, on_term)
     # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children
     # before we read their pid or status), and blocked signals (a SIGTERM that never came).
     signals.signal(signals.SIGCHLD, signals.SIG_DFL)
-    signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, signals.SIGTERM, signals.SIGHUP))
+    signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, *ending))
     _more_files()
     try:
         return handler(args)
@@ -582,7 +586,8 @@ def _traceback_if(debug: bool) -> None:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, unwound as Ctrl-C is; the exit code says which (128+N, as shells do)."""
+    """SIGTERM, SIGHUP or a timer's signal, unwound as Ctrl-C is; the exit code says which
+    (128+N, as shells do)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

@@ -536,7 +536,26 @@ def test_100_runs_from_asyncio_while_others_time_out(no_leftovers) -> None:
 # ----------------------------------------------------------------------------- signals to the CLI
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_timer_inherited_through_exec_tears_the_run_down(no_leftovers) -> None:
+    # `alarm 5; exec sandboxrun ...` (a timeout idiom): an interval timer survives exec, and
+    # SIGALRM's default action ended the CLI at once, its sandbox's clean-up not done.
+    mark = marker()
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=env(), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.setitimer(signal.ITIMER_REAL, 3.0))
+    try:
+        _out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 128 + signal.SIGALRM, (p.returncode, err)
+    assert err.decode().splitlines()[-1:] == ["sandboxrun: interrupted; sandbox torn down"], err
+    assert leaks.marked(mark) == []
+    assert leaks.runner_cgroups(owner=p.pid) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGXCPU])
 def test_signal_to_cli_tears_down_and_exits_128_plus_its_number(no_leftovers, sig: int) -> None:
     mark = marker()
     p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=env(), cwd=ROOT,
