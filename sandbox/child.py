@@ -366,11 +366,33 @@ def _spawn(plan: RunPlan) -> int:
                               setsigmask=())
     except OSError as e:
         err = e.errno or 0
-        what = {2: "command not found", 13: "permission denied", 8: "exec format error",
+        what = {2: "command not found", 13: "permission denied", 8: ENOEXEC_WHY,
                 21: "is a directory", 7: "argument list too long"}.get(err, os.strerror(err))
         if err == errno.EACCES and os.path.isdir(path):  # execve's EACCES for a directory: named as shells do
             what = "is a directory"
+        if err == errno.ENOENT and os.path.isfile(path):
+            what = missing_interpreter(path)
         raise StepError("exec", err, f"{plan.argv[0]}: {what}") from None
+
+
+ENOEXEC_WHY = "exec format error (no #! line, and not a program for this machine)"
+
+
+def missing_interpreter(path: str) -> str:
+    """Why execve said ENOENT of a file that is there: the interpreter its #! line names, or
+    an ELF program's loader, is missing (as the native stage says it)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(255)
+    except OSError:
+        head = b""
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n")[0].split()  # (as the kernel reads it: up to blank space)
+        name = words[0].decode(errors="replace") if words else ""
+        return f"bad interpreter: {name}: not found (its #! line)"
+    if head.startswith(b"\x7fELF"):
+        return "the ELF interpreter (dynamic loader) it names was not found"
+    return "command not found"
 
 
 _PROC_PID: int | None = None  # our pid as /proc numbers it (not a rootless fork server's own numbering)

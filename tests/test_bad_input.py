@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -258,6 +259,27 @@ def test_command_that_cannot_be_executed_is_127_or_126_with_a_message(isolated) 
         assert (r.status, r.exit_code) == ("nonzero_exit", code), (argv, r)
         assert needle in (r.error or ""), (argv, r.error)
         assert needle in r.stderr, (argv, r.stderr)
+
+
+def test_a_script_that_cannot_start_says_why_through_either_child(isolated, child, tmp_path) -> None:
+    # "command not found" for a file that is there (its #! interpreter is missing), and a bare
+    # "exec format error" for a script without a #! line, sent users looking the wrong way.
+    (tmp_path / "nointerp").write_text("#!/no/such/interp -x\necho hi\n")
+    (tmp_path / "noshebang").write_text("echo hi\n")
+    elf = bytearray(Path("/bin/true").read_bytes())
+    loader = re.search(rb"/lib[0-9a-z_/.-]*/ld-[^\0]+", bytes(elf))
+    assert loader, "no dynamic loader named in /bin/true"
+    elf[loader.start():loader.start() + 6] = b"/nolib"
+    (tmp_path / "noloader").write_bytes(bytes(elf))
+    for name in ("nointerp", "noshebang", "noloader"):
+        (tmp_path / name).chmod(0o755)
+    for name, code, why in (
+        ("nointerp", 127, "./nointerp: bad interpreter: /no/such/interp: not found (its #! line)"),
+        ("noshebang", 126, "./noshebang: exec format error (no #! line, and not a program for this machine)"),
+        ("noloader", 127, "./noloader: the ELF interpreter (dynamic loader) it names was not found"),
+    ):
+        r = sandbox.run([f"./{name}"], cwd=str(tmp_path))
+        assert (r.status, r.exit_code, r.error) == ("nonzero_exit", code, why), r
 
 
 def test_single_argument_over_the_kernel_limit_is_bad_input_not_a_failed_run() -> None:

@@ -778,6 +778,28 @@ __attribute__((noinline)) static const char *find_executable(const char *name, c
 
 static volatile int exec_errno;
 
+
+#define ENOEXEC_WHY "exec format error (no #! line, and not a program for this machine)"
+
+/* Why execve said ENOENT of a file that is there: the interpreter its #! line names, or an
+   ELF program's loader, is missing. `out` holds the words. */
+static const char *missing_interpreter(const char *path, char *out, size_t n) {
+    char head[256] = {0};
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, head, sizeof head - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (got > 2 && head[0] == '#' && head[1] == '!') {
+        const char *s = head + 2;
+        s += strspn(s, " \t");
+        snprintf(out, n, "bad interpreter: %.*s: not found (its #! line)", (int)strcspn(s, " \t\r\n"), s);
+    } else if (got >= 4 && memcmp(head, "\177ELF", 4) == 0) {
+        snprintf(out, n, "the ELF interpreter (dynamic loader) it names was not found");
+    } else {
+        snprintf(out, n, "command not found");
+    }
+    return out;
+}
+
 static void exec_command(struct op *op) {
     int pty = num(op, 0);
     char **argv = split(&op->a[1], NULL), **envp = split(&op->a[2], NULL);
@@ -836,9 +858,12 @@ static void exec_command(struct op *op) {
         }
         struct stat st;  /* execve says EACCES for a directory: name it, as shells do */
         int dir = err == EACCES && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+        char why[320];
         const char *what = err == 2 ? "command not found" : dir || err == 21 ? "is a directory"
-                         : err == 13 ? "permission denied" : err == 8 ? "exec format error"
+                         : err == 13 ? "permission denied" : err == 8 ? ENOEXEC_WHY
                          : err == 7 ? "argument list too long" : strerror(err);
+        if (err == ENOENT && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            what = missing_interpreter(path, why, sizeof why);
         fail(err, "%s: %s", argv[0], what);
     }
     if (pty) {
