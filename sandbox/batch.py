@@ -44,6 +44,13 @@ OVERRIDE_KEYS = ("memory", "output", "output_overflow", "cpu_time", "kill_grace"
                  "file_size", "open_files", "cpus", "tmp_size", "workdir_size", "ro_bind", "bind", "network",
                  "hostname", "trace")
 REQUEST_KEYS = frozenset(RUN_KEYS + OVERRIDE_KEYS)
+# What only a trusted request may set (run_many(trusted=True), `batch --trusted`): a host
+# directory bound into the run (cwd, bind, ro_bind), another profile (any TOML file of the
+# host, its layers off), the network. An untrusted one may lower the profile's limits only.
+HOST_KEYS = {"profile": "its profile", "cwd": "a host directory", "bind": "a host directory",
+             "ro_bind": "a host directory"}
+LIMIT_KEYS = ("timeout", "kill_grace", "cpu_time", "memory", "address_space", "processes", "file_size",
+              "open_files", "cpus", "output", "tmp_size", "workdir_size")
 
 WINDOW_PER_WORKER = 4  # ordered mode: results held while an earlier request is still running
 
@@ -108,6 +115,8 @@ def _as_kwargs(req: Any) -> tuple[Any, dict[str, Any]]:
     if isinstance(req, BatchRequest):
         d: dict[str, Any] = {f.name: getattr(req, f.name) for f in fields(req) if f.name != "overrides"}
         d = {k: v for k, v in d.items() if v is not None and not (k == "shell" and v is False)}
+        if not isinstance(req.overrides, dict):
+            raise InputError(f"overrides: expected a dict of setting: value, got {type(req.overrides).__name__}")
         d.update(req.overrides)
     elif isinstance(req, dict):
         d = dict(req)
@@ -144,8 +153,36 @@ def _id_problem(rid: Any) -> str | None:
     return None
 
 
+def _within(kw: dict[str, Any], prof: Profile) -> None:
+    """Raise InputError unless an untrusted request stays within the batch's profile."""
+    hint = "(a request you wrote may: run_many(trusted=True), sandboxrun batch --trusted)"
+    for key, what in HOST_KEYS.items():
+        if kw.get(key) is not None and not (key == "profile" and kw[key] == prof.name):
+            raise InputError(f"{key}: an untrusted request may not choose {what} {hint}")
+    net = kw.get("network")
+    if net is not None and net not in ("none", "loopback", prof.network):
+        raise InputError(f"network: {net!r} is more than the profile's {prof.network!r} {hint}")
+    asked = {k: kw[k] for k in LIMIT_KEYS if kw.get(k) is not None}
+    if not asked:
+        return
+    from .profile import _LIMIT_OVERRIDES, with_overrides
+    from .units import format_size
+
+    got = with_overrides(prof, **asked).limits  # (a bad value: the profile's own named error)
+    for key in asked:
+        ceiling = getattr(prof.limits, key)
+        if key == "timeout" and prof.limits.max_timeout is not None:
+            ceiling = prof.limits.max_timeout  # the profile's own cap on a caller's timeout
+        new = getattr(got, key)
+        if ceiling is not None and (new is None or new > ceiling):
+            kind = _LIMIT_OVERRIDES[key]
+            shown = format_size(ceiling) if kind == "size" else f"{ceiling:g}s" if kind == "duration" else f"{ceiling:g}"
+            raise InputError(f"{key}: {asked[key]!r} is above the {shown} of profile {prof.name!r}: an "
+                             f"untrusted request may only lower a limit {hint}")
+
+
 def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
-             cancel: Cancel | None = None) -> BatchItem:
+             cancel: Cancel | None = None, trusted: bool = True) -> BatchItem:
     from .supervisor import run
 
     if isinstance(req, _Invalid):
@@ -159,6 +196,8 @@ def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
         problem = _id_problem(rid)
         if problem:
             return BatchError(pos, problem, pos)
+        if not trusted:
+            _within(kw, profile)
         if kw.get("profile") is None:
             kw["profile"] = profile
         res = run(kw.pop("command"), cgroup_slots=slots, cancel=cancel, **kw)
@@ -185,10 +224,15 @@ def _positive(concurrency: Any, label: str = "concurrency") -> int:
 
 
 def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered: bool = True,
-             profile: str | Profile = "strict") -> Iterator[BatchItem]:
+             profile: str | Profile = "strict", trusted: bool = False) -> Iterator[BatchItem]:
     """Run each request (dict or BatchRequest) in its own sandbox, `concurrency` at a time
     (default: the number of CPUs), and yield a BatchResult (a Result with `.id`) or a
     BatchError per request: in input order, or as they finish with `ordered=False`.
+
+    `profile` bounds every request: one may lower its limits (and turn its network off), but
+    choose no other profile, no host directory (cwd, bind, ro_bind), no higher limit: a
+    BatchError names the key. `trusted=True` (requests you wrote) lifts that: a request then
+    has the caller's say, as sandbox.run's arguments do.
 
     `requests` may be any iterable, including a generator: it is consumed lazily.
     Closing the iterator early cancels what has not started and kills what runs (its result
@@ -197,14 +241,16 @@ def run_many(requests: Iterable[Any], concurrency: int | None = None, *, ordered
     workers = _positive(concurrency)
     if not isinstance(ordered, bool):  # "no" is true to Python
         raise InputError(f"ordered: expected True or False, got {ordered!r}")
+    if not isinstance(trusted, bool):
+        raise InputError(f"trusted: expected True or False, got {trusted!r}")
     prof = profile if isinstance(profile, Profile) else load(profile)  # a bad profile fails now, not per line
     if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__iter__"):
         raise InputError(f"requests: expected an iterable of requests, got {type(requests).__name__}")
-    return _stream(enumerate(requests, 1), workers, ordered, prof)
+    return _stream(enumerate(requests, 1), workers, ordered, prof, trusted=trusted)
 
 
 def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: bool,
-            prof: Profile, stop: Callable[[], bool] = lambda: False) -> Iterator[BatchItem]:
+            prof: Profile, stop: Callable[[], bool] = lambda: False, *, trusted: bool) -> Iterator[BatchItem]:
     """The batch: requests in, results out. One loop in the consumer's thread submits what is
     at hand while the window has room, yields what has ended (in input order when `ordered`),
     and else sleeps until a run ends or a request comes, a quarter second at most: Python runs
@@ -236,7 +282,7 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
                 if nxt is None:
                     more = False
                     break
-                fut = pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel)
+                fut = pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel, trusted)
                 fut.add_done_callback(ended)
                 inflight.append(fut)
             if ordered:
@@ -437,6 +483,12 @@ def lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
         yield n, None
 
 
+def wide_text(first: bytes) -> bool:
+    """Whether a file's first line is UTF-16 or UTF-32: a byte order mark, or a JSON object's
+    `{` with the NUL that such text gives every ASCII character."""
+    return first.startswith((b"\xff\xfe", b"\xfe\xff", b"\0\0\xfe\xff", b"{\0", b"\0{", b"\0\0\0{"))
+
+
 def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number, request or _Invalid) per non-blank line, read lazily."""
     for n, raw in lines(stream):
@@ -445,6 +497,9 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             continue
         if not raw.strip():
             continue
+        if n == 1 and wide_text(raw):
+            # split at the byte \n, its lines are not the text's: no line's result would be its own
+            raise InputError("not UTF-8: UTF-16 or UTF-32 text (JSONL is UTF-8: iconv -t UTF-8)")
         if b"\0" in raw:  # no JSON text holds a raw NUL; UTF-16 and UTF-32 hold many
             yield n, _Invalid("not UTF-8 text: NUL bytes (UTF-16 or UTF-32?)")
             continue
@@ -600,7 +655,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("file", help="JSONL file, one request per line, or - for stdin")
     p.add_argument("--unordered", action="store_true", help="print each result as soon as it is done")
     p.add_argument("--concurrency", "-j", type=integer, help=f"runs at once (default: CPUs, {os.cpu_count()})")
-    p.add_argument("--profile", "-p", default="strict", help="profile for lines that name none (default: strict)")
+    p.add_argument("--profile", "-p", default="strict",
+                   help="every line's profile (default: strict); a line may lower its limits, no more")
+    p.add_argument("--trusted", action="store_true",
+                   help="lines you wrote: each may name its profile, cwd, binds, network and limits")
     ns = p.parse_args(argv)
     workers = _positive(ns.concurrency, "--concurrency")
     prof = load(ns.profile)
@@ -622,7 +680,7 @@ def main(argv: list[str]) -> int:
     lines = _FdLines(os.dup(src.fileno()), name)  # its own fd: src is closed below, perhaps mid-read
     feed = _Feed(read_jsonl(lines), workers * WINDOW_PER_WORKER, done=lines.close)
     gone = _reader_gone(out)
-    results = _stream(feed, workers, not ns.unordered, prof, gone)
+    results = _stream(feed, workers, not ns.unordered, prof, gone, trusted=ns.trusted)
     try:
         for item in results:
             bad += isinstance(item, BatchError) or item.status == "setup_error"  # neither ran

@@ -47,7 +47,7 @@ def test_ordered_runs_ahead_and_yields_in_input_order(isolated, tmp_path: Path) 
         {"command": ["echo", "second"]},
         {"command": "touch go; echo third", "shell": True, "cwd": cwd},
     ]
-    out = list(run_many(reqs, concurrency=3))
+    out = list(run_many(reqs, concurrency=3, trusted=True))
     assert [r.id for r in out] == [1, 2, 3]
     assert [r.stdout for r in out] == ["first\n", "second\n", "third\n"], [r.status for r in out]
     assert all(isinstance(r, BatchResult) and isinstance(r, sandbox.Result) for r in out)
@@ -57,7 +57,7 @@ def test_unordered_yields_as_they_finish(isolated, tmp_path: Path) -> None:
     # The first request can only finish after the test has *received* the second's result.
     reqs = [{**wait_for("go", "slow"), "cwd": str(tmp_path), "id": "slow"}, {"command": ["echo", "fast"], "id": "fast"}]
     got = []
-    for r in run_many(reqs, concurrency=2, ordered=False):
+    for r in run_many(reqs, concurrency=2, ordered=False, trusted=True):
         got.append(r.id)
         if r.id == "fast":
             (tmp_path / "go").touch()
@@ -151,7 +151,7 @@ def test_input_is_streamed_and_closing_stops_the_batch(isolated, tmp_path: Path)
             next(pulled)
             yield {"command": cmd, "shell": True, "cwd": str(tmp_path)}
 
-    it = run_many(endless(), concurrency=2)
+    it = run_many(endless(), concurrency=2, trusted=True)
     first = list(itertools.islice(it, 3))
     it.close()  # cancels what has not started, kills what runs
     assert [r.id for r in first] == [1, 2, 3] and all(r.status == "ok" for r in first), first
@@ -718,9 +718,14 @@ def test_a_run_many_left_open_at_exit_is_killed_not_run_out(isolated) -> None:
 
 
 def test_read_jsonl_is_utf8_only_and_counts_columns_in_the_line() -> None:
-    utf16 = '{"command": "a"}\n{"command": "b"}\n'.encode("utf-16")
-    items = list(read_jsonl(io.BytesIO(utf16)))  # json.loads of bytes guessed UTF-16
-    assert items and all("NUL bytes (UTF-16 or UTF-32?)" in it.error for _, it in items), items
+    # json.loads of bytes guessed UTF-16; split at the byte \n, its lines were not the text's
+    # (a UTF-16 file of one line gave two results): the input is refused as a whole
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32"):
+        text = '{"command": "a"}\n{"command": "b"}\n'.encode(encoding)
+        with pytest.raises(InputError, match=r"^not UTF-8: UTF-16 or UTF-32 text"):
+            list(read_jsonl(io.BytesIO(text)))
+    (_, nul), (_, ok) = read_jsonl(io.BytesIO(b'{"command": "a\0"}\n{"command": "b"}\n'))
+    assert "NUL bytes" in nul.error and ok == {"command": "b"}  # a later line's NUL: that line alone
     (_, cut), = read_jsonl(io.BytesIO(b'{"command": "x"\n'))
     assert cut.error == "invalid JSON: Expecting ',' delimiter at column 16", cut.error  # was "column 1"
     (_, bom), (_, mid) = read_jsonl(io.BytesIO(b'\xef\xbb\xbf{"command": "x"}\r\n\xef\xbb\xbf{"command": "y"}\n'))
@@ -747,3 +752,66 @@ def test_read_jsonl_refuses_a_key_given_twice() -> None:
                                                     b'{"command": "x", "env": {"K": "a", "K": "b"}}\n'))
     assert twice.error == "invalid JSON: key 'timeout' given more than once in an object", twice
     assert "'K' given more than once" in nested.error, nested
+
+
+# ---------------------------------------------------------------------------- untrusted requests
+
+
+def test_an_untrusted_request_chooses_no_profile_host_directory_or_network(isolated, tmp_path: Path) -> None:
+    # Each line had the caller's say: a profile file with seccomp, Landlock and namespaces off,
+    # a root-owned host directory read-write, the host's network.
+    evil = tmp_path / "evil.toml"
+    evil.write_text('extends = "strict"\n[security]\nseccomp = "off"\n')
+    refused = [
+        ({"profile": str(evil)}, "profile: an untrusted request may not choose its profile"),
+        ({"profile": "nested"}, "profile: an untrusted request may not choose its profile"),
+        ({"cwd": str(tmp_path)}, "cwd: an untrusted request may not choose a host directory"),
+        ({"bind": f"{tmp_path}:/x"}, "bind: an untrusted request may not choose a host directory"),
+        ({"ro_bind": "/root"}, "ro_bind: an untrusted request may not choose a host directory"),
+        ({"network": "host"}, "network: 'host' is more than the profile's 'none'"),
+        ({"memory": "unlimited"}, "memory: 'unlimited' is above the 512MiB of profile 'strict'"),
+        ({"memory": "1GiB"}, "memory: '1GiB' is above"),
+        ({"cpus": 0}, "cpus: 0 is above"),
+        ({"processes": 65}, "processes: 65 is above"),
+        ({"kill_grace": 5}, "kill_grace: 5 is above"),
+    ]
+    reqs = [{"command": ["true"], **extra} for extra, _ in refused]
+    out = list(run_many(reqs, concurrency=2))
+    for item, (extra, why) in zip(out, refused, strict=True):
+        assert isinstance(item, BatchError) and item.error.startswith(why), (extra, item)
+        assert item.error.endswith("(a request you wrote may: run_many(trusted=True), sandboxrun batch --trusted)")
+    ok = list(run_many([{"command": ["true"], "memory": "64MiB", "processes": 20, "timeout": 500,
+                         "network": "none", "profile": "strict"}]))
+    assert ok[0].status == "ok", ok
+    assert (ok[0].isolation.limits["memory_bytes"], ok[0].isolation.limits["processes"],
+            ok[0].isolation.limits["timeout_s"]) == (64 * 2**20, 20, 500)
+    trusted = list(run_many([{"command": ["true"], "profile": str(evil)}], trusted=True))
+    assert trusted[0].status == "ok" and trusted[0].isolation.seccomp == "off", trusted  # the caller's say
+
+
+def test_cli_batch_lines_stay_within_the_profile_unless_trusted(isolated, tmp_path: Path) -> None:
+    evil = tmp_path / "evil.toml"
+    evil.write_text('extends = "strict"\n[security]\nseccomp = "off"\n')
+    jobs = tmp_path / "b.jsonl"
+    jobs.write_text(json.dumps({"command": ["grep", "Seccomp:", "/proc/self/status"], "profile": str(evil)}) + "\n")
+    r = cli("batch", str(jobs))
+    (line,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 1 and line["status"] == "invalid_request", r.stdout
+    assert line["error"].startswith("profile: an untrusted request may not choose its profile"), line
+    r = cli("batch", "--trusted", str(jobs))
+    (line,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 0 and line["stdout"].split() == ["Seccomp:", "0"], r.stdout
+
+
+def test_a_utf16_batch_file_is_refused_as_a_whole(tmp_path: Path) -> None:
+    # One line of UTF-16 gave two results: lines were split at the byte \n, which its \n\0 holds.
+    jobs = tmp_path / "u.jsonl"
+    jobs.write_bytes('{"command": ["echo", "x"]}\n'.encode("utf-16"))
+    r = cli("batch", str(jobs))
+    assert (r.returncode, r.stdout) == (2, b""), r
+    assert r.stderr == b"sandboxrun: error: not UTF-8: UTF-16 or UTF-32 text (JSONL is UTF-8: iconv -t UTF-8)\n"
+
+
+def test_batch_request_overrides_of_the_wrong_type_are_named() -> None:
+    (item,) = run_many([BatchRequest(command=["true"], overrides=None)])  # type: ignore[arg-type]
+    assert isinstance(item, BatchError) and item.error == "overrides: expected a dict of setting: value, got NoneType"

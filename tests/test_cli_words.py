@@ -232,8 +232,8 @@ def test_a_profile_error_names_the_profile_once() -> None:
 def test_batch_exits_1_when_a_sandbox_could_not_be_set_up(tmp_path: Path, isolated) -> None:
     # Every line a setup_error (strict needs a cgroup; none here) exited 0: "every line ran".
     (tmp_path / "b.jsonl").write_text('{"command": ["true"]}\n{"command": ["true"], "profile": "rootless"}\n')
-    r = cli("batch", str(tmp_path / "b.jsonl"), env={"SANDBOXRUN_CGROUP": "none"})
+    r = cli("batch", "--trusted", str(tmp_path / "b.jsonl"), env={"SANDBOXRUN_CGROUP": "none"})
     assert [json.loads(x)["status"] for x in r.stdout.splitlines()] == ["setup_error", "ok"], r.stdout
     assert r.returncode == 1, r.stderr
-    r = cli("batch", str(tmp_path / "b.jsonl"))
+    r = cli("batch", "--trusted", str(tmp_path / "b.jsonl"))
     assert r.returncode == 0, (r.stdout, r.stderr)

@@ -288,6 +288,10 @@ def test_payload_parse_of_any_text(text: bytes | str) -> None:
                           _json.map(lambda d: json.dumps(d).encode())), max_size=8))
 def test_batch_reader_yields_one_item_per_nonblank_line(lines: list[bytes]) -> None:
     batch = pytest.importorskip("sandbox.batch")
+    if lines and lines[0].strip() and batch.wide_text(lines[0]):  # UTF-16 or UTF-32: refused as a whole
+        with pytest.raises(batch.InputError, match="^not UTF-8"):
+            list(batch.read_jsonl(io.BytesIO(b"\n".join(lines) + b"\n")))
+        return
     items = list(batch.read_jsonl(io.BytesIO(b"\n".join(lines) + b"\n")))
     assert [n for n, _ in items] == [i for i, ln in enumerate(lines, 1) if ln.strip()]
     for _n, obj in items:
