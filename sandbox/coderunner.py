@@ -5,7 +5,7 @@
     5
 
 The script's bytes are read once, scanned (optional), and copied into a private
-`sandboxrun-py-*` temp dir that is bound read-only at /sandbox/script/NAME. So what
+0700 temp dir (named as a fresh workdir) whose copy is bound read-only at /sandbox/script/NAME. So what
 runs is exactly what was scanned, a 0600 script is still readable by the sandbox's
 uid, and nothing is ever written into the caller's directory (symlink planting:
 Judge0 CVE-2024-28185). A function or statement is run by a small driver
@@ -26,7 +26,6 @@ import re
 import secrets
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -77,7 +76,12 @@ try:
 except (TypeError, ValueError, RecursionError):
     text = ""
 if not text or len(text) > 65536:  # a value past the output cap was lost, its tagged line left in stdout
-    r = repr(value)
+    if hasattr(sys, "set_int_max_str_digits"):  # an int of over 4300 digits: its repr, not a ValueError
+        sys.set_int_max_str_digits(0)
+    try:
+        r = repr(value)
+    except BaseException as e:  # a list nested past the recursion limit, a __repr__ that raises
+        r = f"<{type(value).__name__} object: its repr() raised {type(e).__name__}: {e}>"
     text = json.dumps(dict(out, json=False, repr=r[:65536], truncated=len(r) > 65536))
 for s in (sys.stdout, sys.stderr):
     try:
@@ -276,12 +280,15 @@ def run_python(
         if reason:
             return _blocked(_shown(argv), prof, reason, started)
     from .hostpaths import remove_tree
-    from .workdir import tmpdir
+    from .workdir import mkdtemp, sweep_stale, tmpdir
 
     # Under a $TMPDIR where no one else could swap the new directory for a link (else /tmp),
-    # and changed only through its fd: what root chmods and writes is that directory.
+    # and changed only through its fd: what root writes is that directory. 0700: the run sees
+    # the copy through its bind, no one else sees it at all (it may be private); named as a
+    # fresh workdir, with our pid, so that a later start removes it if we are SIGKILLed.
+    sweep_stale()  # (a strict run's workdir is a tmpfs: the code runner's copies are swept here)
     try:
-        tmp = tempfile.mkdtemp(prefix="sandboxrun-py-", dir=tmpdir())
+        tmp = mkdtemp()[0]
     except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran
         from .supervisor import _setup_error
 
@@ -291,7 +298,6 @@ def run_python(
     try:
         dfd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            os.fchmod(dfd, 0o755)
             fd = os.open("script.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444,
                          dir_fd=dfd)
         finally:

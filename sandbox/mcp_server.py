@@ -184,6 +184,10 @@ class Tools:
         finally:
             with self._lock:
                 self._starting -= 1
+        res = s.result if s.state == "exited" else None
+        if res is not None and res.status == "setup_error":  # a tool error, as run_command's; kept nowhere
+            self._call(s.remove, grace=0)
+            raise self._fail(f"nothing ran: the sandbox could not be set up: {res.error}")
         with self._lock:
             if not self._closing:
                 self.started.append(s.id)

@@ -234,3 +234,68 @@ def test_a_script_without_py_suffix_runs_a_function_and_bad_library_input_is_an_
                        (lambda: run_code("print(1)", None), "args: expected a list")):  # type: ignore[arg-type]
         with pytest.raises(InputError, match=says):
             call()
+
+
+def test_values_whose_json_or_repr_fails_still_come_back(calc: Path) -> None:
+    # The driver's repr() had no guard: the runner's own traceback was blamed on the program.
+    big = run_python(calc, statement="2**20000")  # JSON (and repr) refuse ints over 4300 digits
+    assert (big.status, big.returned, big.return_type) == ("ok", True, "int"), big
+    assert big.return_repr.isdigit() and len(big.return_repr) == 6021, big.return_repr[:50]
+    deep = run_python(calc, statement="__import__('functools').reduce(lambda a, _: [a], range(100000), [])")
+    assert (deep.status, deep.returned, deep.return_type) == ("ok", True, "list"), deep
+    assert deep.return_repr.startswith("<list object: its repr() raised RecursionError"), deep.return_repr
+
+
+def _copies(owner: int) -> list[Path]:
+    from sandbox.isolation.cgroups import owner_tag  # noqa: F401 - the names carry the pid
+    from sandbox.workdir import tmpdir
+
+    return [d for d in Path(tmpdir()).glob(f"sandboxrun-{owner}-*") if (d / "script.py").exists()]
+
+
+def test_the_scripts_copy_is_seen_by_no_one_else(calc: Path) -> None:
+    # Its folder was 0755 and the copy 0444: a private (0600) script was anyone's to read.
+    import threading
+
+    calc.chmod(0o600)
+    seen: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.is_set():
+            for d in _copies(os.getpid()):
+                seen.append((d.stat().st_mode & 0o777, (d / "script.py").stat().st_mode & 0o777))
+            if seen:
+                return
+            done.wait(0.01)
+
+    t = threading.Thread(target=look)
+    t.start()
+    try:
+        r = run_python(calc, statement="__import__('time').sleep(1)")
+    finally:
+        done.set()
+        t.join()
+    assert r.status == "ok" and seen, (r, seen)
+    assert all(folder == 0o700 for folder, _file in seen), seen
+
+
+def test_a_sigkilled_callers_script_copy_is_swept_by_a_later_start(calc: Path) -> None:
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "python", "calc.py", "--statement",
+                          "__import__('time').sleep(60)"], cwd=calc.parent, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _copies(p.pid):
+            assert time.monotonic() < deadline and p.poll() is None, "no copy made"
+            time.sleep(0.02)
+        left = _copies(p.pid)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    r = cli("calc.py", "-f", "add", "1", "2", cwd=calc.parent)  # another process: the sweep is once per process
+    assert r.stdout == "adding\n3\n", r.stderr
+    assert not any(d.exists() for d in left), left

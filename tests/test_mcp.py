@@ -172,6 +172,27 @@ def test_bad_workspace_is_a_one_line_error(tmp_path: Path) -> None:
         assert r.returncode == 2 and "--workspace: " in r.stderr and "writable directory" in r.stderr, r.stderr
 
 
+def test_a_start_that_cannot_be_set_up_is_a_tool_error_and_keeps_no_session(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # It answered isError false with state "exited" and no reason, and the record counted
+    # against --max-sessions until removed.
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(state))
+    monkeypatch.setenv("SANDBOXRUN_CGROUP", "none")  # strict needs a cgroup: its set-up fails
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def body(s: ClientSession) -> None:
+        for _ in range(2):  # the second is not refused as one too many
+            res = await s.call_tool("start", {"command": "sleep 100"})
+            assert is_error(res) and "nothing ran: the sandbox could not be set up: cgroup" in text(res), text(res)
+        assert structured(await s.call_tool("list", {}))["sessions"] == []
+
+    with_server(ws, body, "--max-sessions", "1")
+    assert [p.name for p in state.iterdir() if not p.name.endswith(".lock")] == []
+
+
 def test_background_session_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
