@@ -176,7 +176,7 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
         return f"changing uid/gid was refused ({code})"
     if step == "rlimits":
         return f"a resource limit could not be set ({code}): a hard limit below the profile's?"
-    return f"{step} failed ({code})"
+    return f"{step} failed ({code})" if err else ""  # no errno (a probe's own error says it): no guess
 
 
 # ---------------------------------------------------------------------------- probes

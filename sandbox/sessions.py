@@ -497,7 +497,7 @@ class LogPage:
         shown = f"lines {self.offset}-{end - 1}" if self.lines else f"no lines from {self.offset}"
         parts = [f"{shown} of {self.total_lines} (0-based)"]
         if self.offset > 0:
-            parts.append(f"earlier: --offset {max(0, self.offset - n)} --limit {n}")
+            parts.append(f"earlier: --offset {max(0, self.offset - n)} --limit {min(n, self.offset)}")  # no overlap
         if end < self.total_lines:
             parts.append(f"later: --offset {end} --limit {n}")
         return "; ".join(parts)

@@ -223,7 +223,9 @@ def _finished(ns: argparse.Namespace, sid: str, res: Result | None, verb: str) -
         _print_json(d)
     else:
         print(_ended_line(sid, res), file=sys.stderr)
-    return 0 if verb == "kill" else exit_code_for(res)
+    if verb == "kill":  # it ended: 0, but for a lost one (no exit code to give, as `wait` says)
+        return 1 if res.status == "lost" else 0
+    return exit_code_for(res)
 
 
 def _duration(option: str, text: str | None, unlimited: bool) -> float | None:

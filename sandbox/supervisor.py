@@ -1146,7 +1146,7 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
             res.stderr += f"sandboxrun: {msg}\n"
             return
         res.status = "setup_error"
-        cause = _likely_cause(step, err)
+        cause = _likely_cause(step, err) if "SANDBOXRUN_" not in msg else ""  # (an injected fault: no guess)
         if cause and cause not in msg:
             msg = f"{msg} (likely cause: {cause})"
         res.error, res.error_step, res.error_errno = f"{step}: {msg}", step, err

@@ -452,7 +452,10 @@ def test_a_log_page_past_the_end_says_it_shows_nothing() -> None:
     page = sessions.LogPage(id="x", stream="output", lines=[], offset=5, total_lines=5, dropped_bytes=0)
     assert page.hint() == "no lines from 5 of 5 (0-based); earlier: --offset 4 --limit 1"
     page = sessions.LogPage(id="x", stream="output", lines=["a", "b"], offset=1, total_lines=5, dropped_bytes=0)
-    assert page.hint() == "lines 1-2 of 5 (0-based); earlier: --offset 0 --limit 2; later: --offset 3 --limit 2"
+    assert page.hint() == "lines 1-2 of 5 (0-based); earlier: --offset 0 --limit 1; later: --offset 3 --limit 2"
+    # the tail of 301 lines: the page before it ends where it starts (it said --limit 200, from 0)
+    page = sessions.LogPage(id="x", stream="output", lines=["l"] * 200, offset=101, total_lines=301, dropped_bytes=0)
+    assert page.hint() == "lines 101-300 of 301 (0-based); earlier: --offset 0 --limit 101"
 
 
 def test_library_callbacks_and_keys_of_the_wrong_type_are_input_errors(state: Path, isolated) -> None:

@@ -290,6 +290,8 @@ def test_killed_monitor_takes_the_sandbox_and_reads_lost(contained) -> None:
     until(swept, timeout=10, what="the dead monitor's cgroup to be swept")
     with pytest.raises(InputError, match="lost"):
         s.write("x")
+    # The CLI: no exit code to give, for `wait` and `kill` alike (`kill` said 0)
+    assert [cli(verb, s.id).returncode for verb in ("wait", "kill")] == [1, 1]
     s.clear()
 
 
