@@ -789,6 +789,15 @@ def test_an_untrusted_request_chooses_no_profile_host_directory_or_network(isola
     assert trusted[0].status == "ok" and trusted[0].isolation.seccomp == "off", trusted  # the caller's say
 
 
+def test_an_untrusted_request_naming_the_batch_profile_gets_that_very_profile(isolated, tmp_path: Path) -> None:
+    # A batch profile file named nested.toml (extending strict) is "nested" by name: a line
+    # that named it loaded the built-in nested by that name, with the host's filesystem.
+    mine = tmp_path / "nested.toml"
+    mine.write_text('extends = "strict"\n')
+    (item,) = run_many([{"command": ["true"], "profile": "nested"}], profile=str(mine))
+    assert item.status == "ok" and item.isolation.filesystem == "private", item
+
+
 def test_cli_batch_lines_stay_within_the_profile_unless_trusted(isolated, tmp_path: Path) -> None:
     evil = tmp_path / "evil.toml"
     evil.write_text('extends = "strict"\n[security]\nseccomp = "off"\n')
