@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-from .supervisor import Cancel
+from .supervisor import Cancel, unthreaded
 
 T = TypeVar("T")
 
@@ -28,6 +28,7 @@ async def in_thread(work: Callable[[Cancel], T]) -> T:
 
     def target() -> None:
         result, error = None, None
+        unthreaded.daemon = True  # (not joined at exit: the supervisor's exit hook ends its run)
         try:
             result = work(cancel)
         except BaseException as e:  # noqa: BLE001 - raised in the task

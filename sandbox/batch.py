@@ -164,6 +164,10 @@ def _within(kw: dict[str, Any], prof: Profile) -> None:
     net = kw.get("network")
     if net is not None and net not in ("none", "loopback", prof.network):
         raise InputError(f"network: {net!r} is more than the profile's {prof.network!r} {hint}")
+    overflow = kw.get("output_overflow")
+    if overflow is not None and overflow not in ("kill", prof.limits.output_overflow):  # drain runs on: more
+        raise InputError(f"output_overflow: {overflow!r} is more than the profile's "
+                         f"{prof.limits.output_overflow!r} {hint}")
     asked = {k: kw[k] for k in LIMIT_KEYS if kw.get(k) is not None}
     if not asked:
         return
@@ -184,7 +188,7 @@ def _within(kw: dict[str, Any], prof: Profile) -> None:
 
 
 def _run_one(pos: int, req: Any, profile: Profile, slots: Slots | None = None,
-             cancel: Cancel | None = None, trusted: bool = True) -> BatchItem:
+             cancel: Cancel | None = None, trusted: bool = False) -> BatchItem:
     from .supervisor import run
 
     if isinstance(req, _Invalid):

@@ -387,9 +387,11 @@ def missing_interpreter(path: str) -> str:
     except OSError:
         head = b""
     if head.startswith(b"#!"):
-        words = head[2:].split(b"\n")[0].split()  # (as the kernel reads it: up to blank space)
-        name = words[0].decode(errors="replace") if words else ""
-        return f"bad interpreter: {name}: not found (its #! line)"
+        name = head[2:].split(b"\n")[0].lstrip(b" \t").replace(b"\t", b" ").split(b" ")[0]
+        cr = name.endswith(b"\r")  # as the kernel reads it: a CR stays in the name
+        shown = name[:-1] + b"^M" if cr else name
+        return (f"bad interpreter: {shown.decode(errors='replace')}: not found (its #! line"
+                + (", which ends in a CR: CRLF line endings?)" if cr else ")"))
     if head.startswith(b"\x7fELF"):
         return "the ELF interpreter (dynamic loader) it names was not found"
     return "command not found"

@@ -543,13 +543,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = _dispatch(name)
         args = args[1:]
 
+    timers = (signals.SIGALRM, signals.SIGVTALRM, signals.SIGPROF, signals.SIGXCPU)
+
     def on_term(sig: int, _frame: object) -> None:
+        if sig in timers:  # an interval timer (or a CPU limit) fires again and again: once asks to end
+            for t in timers:
+                signals.signal(t, signals.SIG_IGN)
         raise _Terminated(sig)
 
     # Also the timers' signals and SIGXCPU: an interval timer, alarm() or a CPU limit a parent
     # set survives its exec of us (`alarm 5; exec sandboxrun ...`, a timeout idiom), and their
     # default action ended the CLI at once, its sandbox's clean-up not done, nothing said.
-    ending = (signals.SIGTERM, signals.SIGHUP, signals.SIGALRM, signals.SIGVTALRM, signals.SIGPROF, signals.SIGXCPU)
+    ending = (signals.SIGTERM, signals.SIGHUP, *timers)
     for sig in ending:
         signals.signal(sig, on_term)
     # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children

@@ -60,8 +60,9 @@ _ID_PREFIX_RE = re.compile(r"[0-9a-f]{3,8}\Z")  # (with match: the whole name)
 _STREAMS = ("stdout", "stderr")
 
 
-class StateUnwritable(SandboxError):
-    """The host refused the session's own files (a full disk, a file size limit): nothing ran."""
+class SessionSetupError(SandboxError):
+    """The host refused what a session needs (its files: a full disk, a file size limit; its
+    monitor process: no fds or processes left): nothing ran."""
 
     exit_code = EXIT_SANDBOX
 
@@ -1220,28 +1221,32 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
     else:
         raise SandboxError(f"cannot create a session folder in {root}")
     try:
-        if stdin is not None:
-            stdin_file = os.path.join(sdir, "stdin")
-            fd = os.open(stdin_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(stdin)
-        write_json(os.path.join(sdir, "request.json"), {
-            "argv": prep.argv, "profile": profile_to_json(prep.profile), "cwd": prep.cwd, "env": prep.env,
-            "pty": bool(pty), "cols": cols, "rows": rows, "stdin_file": stdin_file, "trace": bool(trace),
-            "ends_with_caller": True, "caller_pid": os.getpid(),  # the monitor's parent's number
-        })
-        write_json(os.path.join(sdir, "meta.json"), {
-            "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),
-            "profile": prep.profile.name, "state": "starting", "created": prep.started,
-            "starter_pid": proc_self(), "starter_start": proc_starttime(proc_self()), "proc_dev": proc_dev(),
-            "kill_grace": prep.profile.limits.kill_grace, "timeout": prep.profile.limits.timeout,
-        })
+        try:
+            if stdin is not None:
+                stdin_file = os.path.join(sdir, "stdin")
+                fd = os.open(stdin_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(stdin)
+            write_json(os.path.join(sdir, "request.json"), {
+                "argv": prep.argv, "profile": profile_to_json(prep.profile), "cwd": prep.cwd, "env": prep.env,
+                "pty": bool(pty), "cols": cols, "rows": rows, "stdin_file": stdin_file, "trace": bool(trace),
+                "ends_with_caller": True, "caller_pid": os.getpid(),  # the monitor's parent's number
+            })
+            write_json(os.path.join(sdir, "meta.json"), {
+                "id": sid, "name": name or derive_name(prep.argv), "command": prep.argv, "pty": bool(pty),
+                "profile": prep.profile.name, "state": "starting", "created": prep.started,
+                "starter_pid": proc_self(), "starter_start": proc_starttime(proc_self()), "proc_dev": proc_dev(),
+                "kill_grace": prep.profile.limits.kill_grace, "timeout": prep.profile.limits.timeout,
+            })
+        except OSError as e:  # a full disk, a file size limit: the host refused, nothing ran
+            raise SessionSetupError(f"state directory {root}: cannot write the session's files: "
+                                  f"{write_failure(e)}") from None
         if names_lock >= 0:
             fcntl.flock(names_lock, fcntl.LOCK_UN)  # the name is visible now: the next may check
-        _spawn_monitor(sdir)
-    except OSError as e:  # a full disk, a file size limit: the host refused, nothing ran
-        _abandon(sdir)
-        raise StateUnwritable(f"state directory {root}: cannot write the session's files: {write_failure(e)}") from None
+        try:
+            _spawn_monitor(sdir)
+        except OSError as e:  # EMFILE for its pipe, EAGAIN for its fork
+            raise SessionSetupError(f"cannot start the session monitor: {e.strerror or e}") from None
     except BaseException:
         _abandon(sdir)
         raise
@@ -1331,19 +1336,22 @@ _TO_LOGS = "the output goes to the session's logs"
 _NO_FD = "a session's input is stdin bytes, a stdin_file by name, or Session.write"
 
 
-def _wait_or_cancel(sess: Session, timeout: float | None, cancel: Any) -> Result | None:
+def _wait_or_cancel(sess: Session, timeout: float | None, cancel: Any) -> tuple[Result | None, bool]:
+    """(its Result or None after `timeout`, whether `cancel` ended it: then it is removed)."""
     if cancel is None:
-        return sess.wait(timeout=timeout)
+        return sess.wait(timeout=timeout), False
     deadline = None if timeout is None else time.monotonic() + timeout
     while not cancel.cancelled:  # in slices: the monitor's wait cannot watch the Cancel's fd
         left = None if deadline is None else deadline - time.monotonic()
         res = sess.wait(timeout=CANCEL_POLL if left is None else max(0.0, min(left, CANCEL_POLL)))
         if res is not None or (left is not None and left <= CANCEL_POLL):
-            return res
+            return res, False
     res = sess.remove(grace=0)  # the caller never learns its id: it must not run on
-    if res is not None:
-        res.session_id, res.error = None, "cancelled by the caller: the sandbox was killed"
-    return res
+    if res is None:  # (lost: its monitor died with no Result)
+        res = Result(command=list(sess.command or []), status="lost", profile=sess.meta.get("profile", ""),
+                     isolation=None)
+    res.session_id, res.error = None, "cancelled by the caller: the sandbox was killed"
+    return res, True
 
 
 def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes: int = TAIL_BYTES,
@@ -1367,13 +1375,15 @@ def run_or_yield(command: str | Sequence[str], yield_after: float, *, tail_bytes
     except SessionBlocked as e:
         return e.result
     try:
-        res = _wait_or_cancel(sess, yield_after, cancel)
+        res, cancelled = _wait_or_cancel(sess, yield_after, cancel)
     except BaseException:  # Ctrl-C, SIGTERM: the caller never learns its id, so it must not run on
         try:
             sess.remove(grace=0)
         except SandboxError:
             pass
         raise
+    if cancelled:  # removed already
+        return res  # type: ignore[return-value]
     if res is not None:
         sess.clear()
         res.session_id = None

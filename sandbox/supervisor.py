@@ -1284,8 +1284,15 @@ def _check_fd(fd: Any) -> None:
         raise InputError(f"stdin_fd: {fd} is not an open file descriptor ({e.strerror})") from None
 
 
+# Set in run_async's threads: started by _thread, they have no threading.Thread, and asking
+# threading.current_thread() would leave a _DummyThread behind for each (never removed).
+unthreaded = _thread._local()
+
+
 def _in_daemon_thread() -> bool:
     """(A program that never imported threading runs on its main thread.)"""
+    if getattr(unthreaded, "daemon", False):
+        return True
     threading = sys.modules.get("threading")
     return threading is not None and threading.current_thread().daemon
 

@@ -266,17 +266,20 @@ def test_a_script_that_cannot_start_says_why_through_either_child(isolated, chil
     # "exec format error" for a script without a #! line, sent users looking the wrong way.
     (tmp_path / "nointerp").write_text("#!/no/such/interp -x\necho hi\n")
     (tmp_path / "noshebang").write_text("echo hi\n")
+    (tmp_path / "crlf").write_bytes(b"#!/bin/sh\r\necho hi\r\n")  # /bin/sh is there: /bin/sh\r is not
     elf = bytearray(Path("/bin/true").read_bytes())
     loader = re.search(rb"/lib[0-9a-z_/.-]*/ld-[^\0]+", bytes(elf))
     assert loader, "no dynamic loader named in /bin/true"
     elf[loader.start():loader.start() + 6] = b"/nolib"
     (tmp_path / "noloader").write_bytes(bytes(elf))
-    for name in ("nointerp", "noshebang", "noloader"):
+    for name in ("nointerp", "noshebang", "noloader", "crlf"):
         (tmp_path / name).chmod(0o755)
     for name, code, why in (
         ("nointerp", 127, "./nointerp: bad interpreter: /no/such/interp: not found (its #! line)"),
         ("noshebang", 126, "./noshebang: exec format error (no #! line, and not a program for this machine)"),
         ("noloader", 127, "./noloader: the ELF interpreter (dynamic loader) it names was not found"),
+        ("crlf", 127, "./crlf: bad interpreter: /bin/sh^M: not found (its #! line, which ends in a CR: "
+                      "CRLF line endings?)"),
     ):
         r = sandbox.run([f"./{name}"], cwd=str(tmp_path))
         assert (r.status, r.exit_code, r.error) == ("nonzero_exit", code, why), r

@@ -22,6 +22,7 @@ import pytest
 import sandbox
 from sandbox.batch import BatchError, BatchRequest, BatchResult, Progress, read_jsonl, run_many
 from sandbox.errors import InputError, ProfileError
+from sandbox.profile import load, with_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -775,6 +776,10 @@ def test_an_untrusted_request_chooses_no_profile_host_directory_or_network(isola
         ({"processes": 65}, "processes: 65 is above"),
         ({"kill_grace": 5}, "kill_grace: 5 is above"),
     ]
+    killing = with_overrides(load("strict"), output_overflow="kill")
+    (drain,) = run_many([{"command": ["true"], "output_overflow": "drain"}], profile=killing)
+    assert isinstance(drain, BatchError) and drain.error.startswith(
+        "output_overflow: 'drain' is more than the profile's 'kill'"), drain
     reqs = [{"command": ["true"], **extra} for extra, _ in refused]
     out = list(run_many(reqs, concurrency=2))
     for item, (extra, why) in zip(out, refused, strict=True):

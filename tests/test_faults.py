@@ -537,13 +537,15 @@ def test_100_runs_from_asyncio_while_others_time_out(no_leftovers) -> None:
 # ----------------------------------------------------------------------------- signals to the CLI
 
 
-def test_a_timer_inherited_through_exec_tears_the_run_down(no_leftovers) -> None:
+@pytest.mark.parametrize("interval", [0, 0.00005], ids=["once", "every-50us"])
+def test_a_timer_inherited_through_exec_tears_the_run_down(no_leftovers, interval: float) -> None:
     # `alarm 5; exec sandboxrun ...` (a timeout idiom): an interval timer survives exec, and
-    # SIGALRM's default action ended the CLI at once, its sandbox's clean-up not done.
+    # SIGALRM's default action ended the CLI at once, its sandbox's clean-up not done. One
+    # that fires every millisecond must not interrupt the teardown it asked for.
     mark = marker()
     p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=env(), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.setitimer(signal.ITIMER_REAL, 3.0))
+                         preexec_fn=lambda: signal.setitimer(signal.ITIMER_REAL, 3.0, interval))
     try:
         _out, err = p.communicate(timeout=60)
     finally:
@@ -1677,3 +1679,17 @@ def test_a_file_size_limit_leaves_no_cut_bytecode_behind(isolated, tmp_path: Pat
         cp = _under_file_size(16384, sys.executable, str(ROOT / "bin" / "sandboxrun"), *argv, state=state, **env)
         assert cp.returncode == 0, (argv, cp.stderr)
     assert not list(pkg.rglob("*.pyc"))
+
+
+def test_a_monitor_that_cannot_start_is_named_as_such(isolated, private_state_dir, monkeypatch) -> None:
+    # Every OSError of start() was put down to the state files ("cannot write the session's
+    # files: Resource temporarily unavailable") once those had their own message.
+    from sandbox import sessions
+
+    def no_fork(*_a: object, **_k: object) -> None:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(sessions.subprocess, "Popen", no_fork)
+    with pytest.raises(sessions.SessionSetupError, match="^cannot start the session monitor: Resource temporarily"):
+        sandbox.start(["true"])
+    assert sessions.list_sessions() == []

@@ -838,3 +838,62 @@ def test_every_unconditional_row_is_in_the_program() -> None:
     got = json.loads(p.stdout)
     wrong = {name: answer for name, answer in got.items() if answer != "ENOTRECOVERABLE"}
     assert not wrong, wrong
+
+
+_SOCKET_PROBE = """
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = []
+for name, nr, args in json.loads(sys.argv[1]):
+    pair = (ctypes.c_int * 2)()
+    extra = [ctypes.addressof(pair)] if name == "socketpair" else []
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args + extra])
+    out.append("ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+print(json.dumps(out))
+"""
+
+SOCK_NONBLOCK_CLOEXEC = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+# (call, family, type, protocol, the filter refuses it): written out by hand, not from the
+# table, so that a wrong row fails here even though the prologue and libseccomp agree on it
+SOCKET_CASES = [
+    ("socket", socket.AF_INET, socket.SOCK_STREAM, 0, False),
+    ("socket", socket.AF_INET, socket.SOCK_STREAM | SOCK_NONBLOCK_CLOEXEC, 0, False),
+    ("socket", socket.AF_INET6, socket.SOCK_DGRAM, 0, False),
+    ("socket", socket.AF_INET, socket.SOCK_RAW, 1, False),
+    ("socket", socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, False),
+    ("socket", socket.AF_NETLINK, socket.SOCK_RAW, 0, False),
+    ("socket", socket.AF_INET, SOCK_PACKET, 0, True),
+    ("socket", socket.AF_INET, SOCK_PACKET | SOCK_NONBLOCK_CLOEXEC, 0, True),
+    ("socket", socket.AF_INET, SOCK_DCCP, 0, True),
+    ("socket", socket.AF_INET, socket.SOCK_SEQPACKET, 0, True),
+    ("socket", socket.AF_INET6, socket.SOCK_SEQPACKET, 0, True),
+    ("socket", socket.AF_UNIX, socket.SOCK_RDM, 0, True),
+    ("socket", socket.AF_INET, 15, 0, True),
+    ("socketpair", socket.AF_UNIX, socket.SOCK_STREAM, 0, False),
+    ("socketpair", socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, False),
+    ("socketpair", socket.AF_INET, socket.SOCK_STREAM, 0, True),
+    ("socketpair", socket.AF_INET, SOCK_PACKET, 0, True),
+    ("socketpair", socket.AF_INET6, socket.SOCK_DGRAM, 0, True),
+]
+
+
+def test_socket_families_and_types_each_get_the_filters_answer() -> None:
+    """The socket() and socketpair() rows under a program that answers ENOTRECOVERABLE (which
+    no kernel path gives): what the filter refuses is told from the kernel's own EPERM (no
+    CAP_NET_RAW) or EOPNOTSUPP (an inet pair), which would pass for it otherwise."""
+    import pyseccomp as sc
+
+    prog = seccomp.compile_policy("default", rule_errno=errno.ENOTRECOVERABLE)
+    calls = [(name, sc.resolve_syscall(sc.Arch.NATIVE, name), [fam, kind, proto])
+             for name, fam, kind, proto, _ in SOCKET_CASES]
+
+    def child() -> None:
+        prctl.set_no_new_privs(1)
+        seccomp.load_bpf(prog)
+
+    p = subprocess.run([sys.executable, "-S", "-c", _SOCKET_PROBE, json.dumps(calls)], preexec_fn=child,
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert p.returncode == 0, p.stderr
+    for (name, fam, kind, proto, refused), got in zip(SOCKET_CASES, json.loads(p.stdout), strict=True):
+        assert (got == "ENOTRECOVERABLE") == refused, (name, fam, hex(kind), proto, got)

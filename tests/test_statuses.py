@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -332,6 +333,30 @@ def test_run_async_takes_yield_after_and_its_cancel_ends_the_session(isolated, p
     assert [s.id for s in sessions.list_sessions()] == []
 
 
+def test_a_cancel_ends_a_run_waiting_to_yield_and_forgets_its_session(isolated, private_state_dir) -> None:
+    from sandbox import sessions
+    from sandbox.supervisor import Cancel
+
+    mark = marker()
+    cancel = Cancel()
+    got: list[sandbox.Result] = []
+    t = threading.Thread(target=lambda: got.append(sandbox.run(["bash", "-c", f"exec -a {mark} sleep 60"],
+                                                                yield_after=60, cancel=cancel)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not leaks.marked(mark):
+            assert time.monotonic() < deadline, "the session never started"
+            time.sleep(0.02)
+        cancel.cancel()
+        t.join(30)
+    finally:
+        end_marked(mark)
+        cancel.close()
+    assert not t.is_alive() and got and got[0].error == "cancelled by the caller: the sandbox was killed", got
+    assert got[0].session_id is None and sessions.list_sessions() == [] and not leaks.marked(mark)
+
+
 def test_run_async_starts_its_thread_without_waiting_on_the_loop(isolated, monkeypatch) -> None:
     # threading.Thread.start() waits for the new thread to take the GIL: up to 5 ms each, on
     # the loop, while other runs' threads are busy (50 runs at once held it ~200 ms).
@@ -346,6 +371,25 @@ def test_run_async_starts_its_thread_without_waiting_on_the_loop(isolated, monke
         return await asyncio.gather(*(sandbox.run_async(["true"]) for _ in range(3)))
 
     assert [r.status for r in asyncio.run(main())] == ["ok"] * 3
+
+
+def test_run_async_threads_leave_no_thread_objects_behind(isolated) -> None:
+    # Started by _thread, each asked threading.current_thread() and left a _DummyThread, alive
+    # for ever in threading.enumerate() (Python 3.11 never removes one).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import asyncio, json, threading, sandbox\n"
+            "async def main():\n"
+            "    return await asyncio.gather(*(sandbox.run_async(['true']) for _ in range(30)))\n"
+            "ok = [r.status for r in asyncio.run(main())] == ['ok'] * 30\n"
+            "print(json.dumps([ok, [t.name for t in threading.enumerate()]]))\n")
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    ok, names = json.loads(p.stdout or "null") or (False, p.stderr)
+    assert ok and [n for n in names if not n.startswith("Dummy")] == names, names  # (a pool of its own may stay)
 
 
 def test_run_async_leaks_no_fd_when_its_thread_cannot_start(isolated, monkeypatch) -> None:

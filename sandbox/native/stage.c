@@ -791,7 +791,10 @@ static const char *missing_interpreter(const char *path, char *out, size_t n) {
     if (got > 2 && head[0] == '#' && head[1] == '!') {
         const char *s = head + 2;
         s += strspn(s, " \t");
-        snprintf(out, n, "bad interpreter: %.*s: not found (its #! line)", (int)strcspn(s, " \t\r\n"), s);
+        size_t len = strcspn(s, " \t\n");  /* as the kernel reads it: a CR stays in the name */
+        int cr = len > 0 && s[len - 1] == '\r';
+        snprintf(out, n, "bad interpreter: %.*s%s: not found (its #! line%s)", (int)(len - cr), s, cr ? "^M" : "",
+                 cr ? ", which ends in a CR: CRLF line endings?" : "");
     } else if (got >= 4 && memcmp(head, "\177ELF", 4) == 0) {
         snprintf(out, n, "the ELF interpreter (dynamic loader) it names was not found");
     } else {
