@@ -16,6 +16,7 @@ next (isolation/cgroups.py, `Slots`) and removes them when it ends.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import json
 import os
@@ -268,12 +269,12 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
     slots = Slots()  # the CPU and pids cgroups, kept from one run to the next (isolation/cgroups.py)
     cancel = Cancel()  # an early end (close, break, Ctrl-C) kills what runs: its results are not wanted
     feed = items if isinstance(items, _Feed) else None
-    wake = feed.wake if feed else threading.Event()
+    wake = feed.wake if feed else _Wake()
     window = workers * (WINDOW_PER_WORKER if ordered else 2)
     inflight: collections.deque[Future[BatchItem]] = collections.deque()
     failed: list[BaseException] = []
     more = True
-    _register(cancel)
+    _register(cancel, lambda: (pool.shutdown(wait=True, cancel_futures=True), slots.close()))
 
     def ended(_fut: Future[BatchItem]) -> None:
         wake.set()
@@ -311,30 +312,63 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
                 return
             wake.wait(0.25)
     finally:
+        # Each step to its end though a second Ctrl-C or SIGTERM comes meanwhile: one that cut
+        # pool.shutdown short left the batch's slot cgroups behind.
+        from .supervisor import _Uninterrupted
+
+        steady = _Uninterrupted()
         if feed:
-            feed.close()
-        pool.shutdown(wait=False, cancel_futures=True)  # what has not started never will
-        cancel.cancel()  # (a no-op for runs that all ended: the batch is over)
-        pool.shutdown(wait=True)
-        slots.close()
-        cancel.close()
-        _unregister(cancel)
+            steady.do(feed.close)
+        steady.do(lambda: pool.shutdown(wait=False, cancel_futures=True))  # what has not started never will
+        steady.do(cancel.cancel)  # (a no-op for runs that all ended: the batch is over)
+        steady.do(pool.shutdown)  # (waits for the runs under way, killed)
+        steady.do(slots.close)
+        steady.do(cancel.close)
+        steady.do(_unregister, cancel)
+        if sys.exc_info()[1] is None:  # (else the first interrupt is on its way out already)
+            steady.raise_pending()
+
+
+class _Wake:
+    """threading.Event's set, clear and wait, whose wait a Ctrl-C may cut at any point: the
+    Condition inside Event.wait, interrupted as it took its lock back, raised RuntimeError
+    ("release unlocked lock") out of the batch. Set is a free lock here; wait takes it (an
+    interruptible acquire) and gives it back."""
+
+    def __init__(self) -> None:
+        self._free = _thread.allocate_lock()
+        self._free.acquire()  # not set
+        self._guard = _thread.allocate_lock()
+
+    def set(self) -> None:
+        with self._guard:
+            if self._free.locked():
+                self._free.release()
+
+    def clear(self) -> None:
+        with self._guard:
+            self._free.acquire(blocking=False)
+
+    def wait(self, timeout: float) -> None:
+        if self._free.acquire(timeout=timeout):
+            self.set()  # still set: until clear()
 
 
 _NOT_YET = object()  # a _Feed with no request at hand yet
-_live: dict[int, Cancel] = {}  # the batches under way: killed at interpreter exit
+_live: dict[int, tuple[Cancel, Callable[[], None]]] = {}  # the batches under way: killed at interpreter exit
 _live_lock = threading.Lock()
 _atexit_registered = False
 
 
-def _register(cancel: Cancel) -> None:
+def _register(cancel: Cancel, teardown: Callable[[], None]) -> None:
     """A batch left open when the interpreter exits (an iterator never closed) is killed then.
     Before: its pool's workers, joined at exit, ran every request of the window to its end.
     The hook runs before concurrent.futures joins them (it is registered after, and these
-    hooks run last first)."""
+    hooks run last first). `teardown` then finishes what the batch's own did not: a second
+    Ctrl-C that came as its `finally` began cut it short, its slot cgroups left."""
     global _atexit_registered
     with _live_lock:
-        _live[id(cancel)] = cancel
+        _live[id(cancel)] = (cancel, teardown)
         if not _atexit_registered:
             threading._register_atexit(_kill_live)  # type: ignore[attr-defined]
             _atexit_registered = True
@@ -348,10 +382,15 @@ def _unregister(cancel: Cancel) -> None:
 def _kill_live() -> None:
     with _live_lock:
         live = list(_live.values())
-    for cancel in live:
+    for cancel, _teardown in live:  # all at once first: each teardown waits for its runs
         try:
             cancel.cancel()
         except OSError:
+            pass
+    for _cancel, teardown in live:
+        try:
+            teardown()
+        except Exception:  # noqa: BLE001 - at exit: the next sandboxrun's sweep takes what is left
             pass
 
 
@@ -373,7 +412,7 @@ class _Feed:
     Reads at most `ahead` requests beyond what the batch took."""
 
     def __init__(self, items: Iterator[tuple[int, Any]], ahead: int, done: Callable[[], None] = lambda: None) -> None:
-        self.wake = threading.Event()
+        self.wake = _Wake()
         self._items, self._ahead, self._done = items, ahead, done
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
         self._room = threading.Condition()
@@ -705,8 +744,11 @@ def main(argv: list[str]) -> int:
             _drop_output(out)
             return 1
     finally:
-        results.close()  # cancels what has not started, kills what runs
-        progress.close()
+        from .supervisor import _Uninterrupted
+
+        steady = _Uninterrupted()  # a second Ctrl-C must not cut the teardown short
+        steady.do(results.close)  # cancels what has not started, kills what runs
+        steady.do(progress.close)
         if src is not sys.stdin.buffer:
-            src.close()
+            steady.do(src.close)
     return 1 if bad else 0

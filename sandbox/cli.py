@@ -554,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Also the timers' signals and SIGXCPU: an interval timer, alarm() or a CPU limit a parent
     # set survives its exec of us (`alarm 5; exec sandboxrun ...`, a timeout idiom), and their
     # default action ended the CLI at once, its sandbox's clean-up not done, nothing said.
-    ending = (signals.SIGTERM, signals.SIGHUP, *timers)
+    ending = (signals.SIGTERM, signals.SIGHUP, signals.SIGUSR1, signals.SIGUSR2, *timers)
     for sig in ending:
         signals.signal(sig, on_term)
     # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children
@@ -565,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
+        for sig in (signals.SIGINT, *ending):  # one more now would cut short the exit hooks' clean-up
+            signals.signal(sig, signals.SIG_IGN)
         # Only these run sandboxes of their own; the other session commands talk to a
         # background session, which runs on (and `check`, `profiles` run none).
         owns = name in ("run", "start", "batch", "payload", "python", "mcp", "doctor")

@@ -22,6 +22,8 @@ from _signal import (  # noqa: F401 - re-exported
     SIGPIPE,
     SIGPROF,
     SIGTERM,
+    SIGUSR1,
+    SIGUSR2,
     SIGVTALRM,
     SIGXCPU,
     SIGXFSZ,

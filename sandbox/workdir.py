@@ -26,6 +26,7 @@ class Workdir:
         if cwd is None and in_memory:
             # The child mounts a size-capped tmpfs: a fill-the-disk loop hits ENOSPC, and
             # nothing of the run ever touches the host's disk.
+            sweep_stale()  # (what a SIGKILLed caller left: a code runner's script copy, say)
             self.path = ""
         elif cwd is None:
             sweep_stale()

@@ -668,6 +668,40 @@ def _tgkill(pid: int, tid: int, sig: int) -> None:
     assert libc.tgkill(pid, tid, sig) == 0, os.strerror(ctypes.get_errno())
 
 
+@pytest.mark.parametrize("gap", [0, 0.002])
+def test_cli_batch_interrupted_twice_tears_down_whole_and_exits_130(isolated, tmp_path: Path, gap: float) -> None:
+    # A second Ctrl-C during the first's teardown cut pool.shutdown short: the batch's slot
+    # cgroups stayed; or it landed in Event.wait's Condition: "internal error: RuntimeError:
+    # release unlocked lock", exit 125.
+    from conftest import marker
+
+    from sandbox import leaks
+
+    for _ in range(3):
+        mark = marker()
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"command": f"sleep 120 # {mark}", "shell": True}) + "\n"
+                               for _ in range(8)))
+        p = _batch_proc("-j4", str(src))
+        try:
+            deadline = time.monotonic() + 30
+            while len(leaks.marked(mark)) < 4:
+                assert time.monotonic() < deadline, "the runs never started"
+                time.sleep(0.02)
+            p.send_signal(2)
+            time.sleep(gap)
+            p.send_signal(2)
+            assert p.wait(30) == 130, p.stderr.read()
+            assert b"internal error" not in p.stderr.read()
+            left = leaks.runner_cgroups(owner=p.pid)
+            assert leaks.marked(mark) == [] and left == [], left
+        finally:
+            p.kill()
+            p.wait()
+            for q in leaks.marked(mark):
+                os.kill(q.pid, 9)
+
+
 @pytest.mark.parametrize("sig", [2, 15])
 def test_cli_batch_ends_at_a_signal_the_kernel_gave_a_worker_thread(isolated, tmp_path: Path, sig: int) -> None:
     # Python runs signal handlers in the main thread only; it waited in Future.result() until

@@ -558,7 +558,8 @@ def test_a_timer_inherited_through_exec_tears_the_run_down(no_leftovers, interva
     assert leaks.runner_cgroups(owner=p.pid) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGXCPU])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGXCPU,
+                                 signal.SIGUSR1])
 def test_signal_to_cli_tears_down_and_exits_128_plus_its_number(no_leftovers, sig: int) -> None:
     mark = marker()
     p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", *marked_cmd(mark)], env=env(), cwd=ROOT,

@@ -368,13 +368,21 @@ class Slots:
             pass  # the start-up sweep of a later supervisor takes it
 
     def close(self) -> None:
-        with self._lock:
-            made, self._made, self._free = self._made, [], []
-        for slot in made:
+        """Run again after an interrupt, it removes what is left (each slot forgotten only
+        once it is gone)."""
+        while True:
+            with self._lock:
+                self._free = []
+                if not self._made:
+                    return
+                slot = self._made[-1]
             try:
                 slot.remove()
             except OSError:
                 pass
+            with self._lock:
+                if self._made and self._made[-1] is slot:
+                    self._made.pop()
 
 
 class Backend:
