@@ -274,7 +274,7 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
     inflight: collections.deque[Future[BatchItem]] = collections.deque()
     failed: list[BaseException] = []
     more = True
-    _register(cancel, lambda: (pool.shutdown(wait=True, cancel_futures=True), slots.close()))
+    _register(cancel, pool, slots)
 
     def ended(_fut: Future[BatchItem]) -> None:
         wake.set()
@@ -355,20 +355,20 @@ class _Wake:
 
 
 _NOT_YET = object()  # a _Feed with no request at hand yet
-_live: dict[int, tuple[Cancel, Callable[[], None]]] = {}  # the batches under way: killed at interpreter exit
+_live: dict[int, tuple[Cancel, ThreadPoolExecutor, Slots]] = {}  # the batches under way: killed at exit
 _live_lock = threading.Lock()
 _atexit_registered = False
 
 
-def _register(cancel: Cancel, teardown: Callable[[], None]) -> None:
+def _register(cancel: Cancel, pool: ThreadPoolExecutor, slots: Slots) -> None:
     """A batch left open when the interpreter exits (an iterator never closed) is killed then.
     Before: its pool's workers, joined at exit, ran every request of the window to its end.
     The hook runs before concurrent.futures joins them (it is registered after, and these
-    hooks run last first). `teardown` then finishes what the batch's own did not: a second
+    hooks run last first). It then finishes the teardown the batch's own did not: a second
     Ctrl-C that came as its `finally` began cut it short, its slot cgroups left."""
     global _atexit_registered
     with _live_lock:
-        _live[id(cancel)] = (cancel, teardown)
+        _live[id(cancel)] = (cancel, pool, slots)
         if not _atexit_registered:
             threading._register_atexit(_kill_live)  # type: ignore[attr-defined]
             _atexit_registered = True
@@ -382,14 +382,17 @@ def _unregister(cancel: Cancel) -> None:
 def _kill_live() -> None:
     with _live_lock:
         live = list(_live.values())
-    for cancel, _teardown in live:  # all at once first: each teardown waits for its runs
+    for _cancel, pool, _slots in live:  # what has not started never will: first, else a worker freed by
+        pool.shutdown(wait=False, cancel_futures=True)  # the kill below would start one, at exit
+    for cancel, _pool, _slots in live:  # all at once: each wait below is for killed runs
         try:
             cancel.cancel()
         except OSError:
             pass
-    for _cancel, teardown in live:
+    for _cancel, pool, slots in live:
         try:
-            teardown()
+            pool.shutdown(wait=True)
+            slots.close()
         except Exception:  # noqa: BLE001 - at exit: the next sandboxrun's sweep takes what is left
             pass
 
