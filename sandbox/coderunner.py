@@ -280,13 +280,12 @@ def run_python(
         if reason:
             return _blocked(_shown(argv), prof, reason, started)
     from .hostpaths import remove_tree
-    from .workdir import mkdtemp, sweep_stale, tmpdir
+    from .workdir import mkdtemp, tmpdir
 
     # Under a $TMPDIR where no one else could swap the new directory for a link (else /tmp),
     # and changed only through its fd: what root writes is that directory. 0700: the run sees
     # the copy through its bind, no one else sees it at all (it may be private); named as a
     # fresh workdir, with our pid, so that a later start removes it if we are SIGKILLed.
-    sweep_stale()  # (a strict run's workdir is a tmpfs: the code runner's copies are swept here)
     try:
         tmp = mkdtemp()[0]
     except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran

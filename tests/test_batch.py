@@ -630,6 +630,23 @@ def _batch_proc(*args: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
+def _sleepers(tmp_path: Path, mark: str, n: int, **extra: Any) -> str:
+    """A JSONL file of `n` requests that sleep 120 s, tagged with `mark`; its path."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"command": f"sleep 120 # {mark}", "shell": True, **extra}) + "\n"
+                           for _ in range(n)))
+    return str(src)
+
+
+def _until_running(mark: str, n: int) -> None:
+    from sandbox import leaks
+
+    deadline = time.monotonic() + 30  # a bound, not a benchmark
+    while len(leaks.marked(mark)) < n:
+        assert time.monotonic() < deadline, "the runs never started"
+        time.sleep(0.02)
+
+
 def _line_within(stream: Any, seconds: float) -> bytes:
     import select
 
@@ -679,20 +696,14 @@ def test_cli_batch_interrupted_twice_tears_down_whole_and_exits_130(isolated, tm
 
     for _ in range(3):
         mark = marker()
-        src = tmp_path / "in.jsonl"
-        src.write_text("".join(json.dumps({"command": f"sleep 120 # {mark}", "shell": True}) + "\n"
-                               for _ in range(8)))
-        p = _batch_proc("-j4", str(src))
+        p = _batch_proc("-j4", _sleepers(tmp_path, mark, 8))
         try:
-            deadline = time.monotonic() + 30
-            while len(leaks.marked(mark)) < 4:
-                assert time.monotonic() < deadline, "the runs never started"
-                time.sleep(0.02)
+            _until_running(mark, 4)
             p.send_signal(2)
             time.sleep(gap)
             p.send_signal(2)
-            assert p.wait(30) == 130, p.stderr.read()
-            assert b"internal error" not in p.stderr.read()
+            code, err = p.wait(30), p.stderr.read()
+            assert code == 130 and b"internal error" not in err, err
             # (its slots: a run's own memory cgroup is still left now and then, a known gap the
             # README states, which the next start's sweep of dead owners removes)
             left = [d for d in leaks.runner_cgroups(owner=p.pid) if d.endswith("-slot")]
@@ -713,15 +724,9 @@ def test_cli_batch_ends_at_a_signal_the_kernel_gave_a_worker_thread(isolated, tm
     from sandbox import leaks
 
     mark = marker()
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"command": f"sleep 120 # {mark}", "shell": True, "timeout": 150}) + "\n"
-                           for _ in range(4)))
-    p = _batch_proc("-j2", str(src))
+    p = _batch_proc("-j2", _sleepers(tmp_path, mark, 4, timeout=150))
     try:
-        deadline = time.monotonic() + 30
-        while len(leaks.marked(mark)) < 2:
-            assert time.monotonic() < deadline, "the runs never started"
-            time.sleep(0.02)
+        _until_running(mark, 2)
         others = sorted(int(t) for t in os.listdir(f"/proc/{p.pid}/task") if int(t) != p.pid)
         assert others
         _tgkill(p.pid, others[0], sig)

@@ -95,11 +95,9 @@ def apply(limits: tuple[tuple[str, int], ...]) -> None:
 
 
 def bytecode_flags() -> list[str]:
-    """["-B"] for a Python process of ours that must write no .pyc: the caller said so, or a
-    finite `ulimit -f` is set, under which CPython renames a cut .pyc into place (its short
-    write goes unchecked) and every later start of sandboxrun fails."""
+    """["-B"] for a Python process of ours when this one writes no .pyc: the caller said so,
+    or sandbox/__init__.py did under a finite `ulimit -f` (a cut .pyc would break every
+    later start)."""
     import sys
 
-    if sys.dont_write_bytecode or resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
-        return ["-B"]
-    return []
+    return ["-B"] if sys.dont_write_bytecode else []
