@@ -321,12 +321,26 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
             steady.do(feed.close)
         steady.do(lambda: pool.shutdown(wait=False, cancel_futures=True))  # what has not started never will
         steady.do(cancel.cancel)  # (a no-op for runs that all ended: the batch is over)
-        steady.do(pool.shutdown)  # (waits for the runs under way, killed)
+        steady.do(_until_ended, inflight, wake)  # the runs under way, killed, and their teardown
+        steady.do(pool.shutdown)  # (their workers, done by now)
         steady.do(slots.close)
         steady.do(cancel.close)
         steady.do(_unregister, cancel)
         if sys.exc_info()[1] is None:  # (else the first interrupt is on its way out already)
             steady.raise_pending()
+
+
+def _until_ended(futures: Iterable[Future[BatchItem]], wake: _Wake) -> None:
+    """Waits on the runs' futures, not on their threads: CPython 3.11's Thread.join, cut by a
+    Ctrl-C while the thread still runs, marks it stopped (bpo-45274's fix releases the lock
+    the running thread holds), so the retried join returned at once, the interpreter exited
+    under a run's teardown, and that run's memory cgroup was left. A future is done only
+    once its run has returned, torn down; one never started was cancelled with the queue."""
+    while not all(f.done() for f in futures):
+        wake.clear()
+        if all(f.done() for f in futures):
+            return
+        wake.wait(0.1)
 
 
 class _Wake:

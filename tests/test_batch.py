@@ -195,6 +195,41 @@ def test_an_early_end_kills_the_runs_under_way(isolated, ordered: bool) -> None:
             os.kill(p.pid, 9)
 
 
+def test_an_early_end_waits_for_the_runs_teardown_not_for_their_threads(isolated, monkeypatch) -> None:
+    """CPython 3.11's Thread.join, cut by a Ctrl-C while its thread still runs, marks the thread
+    stopped, and every later join returns at once: a batch's teardown cut so (a second Ctrl-C)
+    returned while a killed run was still being torn down, and the interpreter's exit then left
+    that run's memory cgroup (about 1 in 15 double Ctrl-Cs). Joins that return at once stand in."""
+    import threading
+
+    from conftest import marker
+
+    from sandbox import leaks, supervisor
+
+    mark = marker()
+    reqs = [{"command": "echo quick", "shell": True},
+            {"command": f"sleep 300 # {mark}", "shell": True, "timeout": 120}]
+    it = run_many(reqs, concurrency=2)
+    try:
+        assert next(it).stdout == "quick\n"
+        _until_running(mark, 1)
+        monkeypatch.setattr(threading.Thread, "join", lambda self, timeout=None: None)
+        remove = supervisor._remove_quietly
+
+        def slow_remove(cg: Any) -> None:  # the teardown under way at the return
+            time.sleep(0.3)
+            remove(cg)
+
+        monkeypatch.setattr(supervisor, "_remove_quietly", slow_remove)
+        it.close()
+        left = leaks.runner_cgroups(os.getpid())
+        monkeypatch.undo()
+        assert left == [] and not leaks.marked(mark), left
+    finally:
+        for p in leaks.marked(mark):
+            os.kill(p.pid, 9)
+
+
 _STRESS = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -704,9 +739,7 @@ def test_cli_batch_interrupted_twice_tears_down_whole_and_exits_130(isolated, tm
             p.send_signal(2)
             code, err = p.wait(30), p.stderr.read()
             assert code == 130 and b"internal error" not in err, err
-            # (its slots: a run's own memory cgroup is still left now and then, a known gap the
-            # README states, which the next start's sweep of dead owners removes)
-            left = [d for d in leaks.runner_cgroups(owner=p.pid) if d.endswith("-slot")]
+            left = leaks.runner_cgroups(owner=p.pid)  # its slots, and (about 1 in 15) a run's own
             assert leaks.marked(mark) == [] and left == [], left
         finally:
             p.kill()
