@@ -224,21 +224,66 @@ def _take_return(res: PythonResult, token: str) -> None:
     end = raw.find(b"\n", at + len(tag))
     line = raw[at + len(tag): end if end >= 0 else len(raw)]
     try:
-        d = json.loads(line)
-    except ValueError:
-        res.stdout_raw = raw[:at]  # the tagged line, cut by the cap
+        d = strictjson.loads(line)
+    except (ValueError, RecursionError):
+        d = None
+    if not isinstance(d, dict):
+        res.stdout_raw = raw[:at]  # the tagged line, cut by the cap (or not the driver's)
         res.stdout = res.stdout_raw.decode(errors="replace")
-        res.return_lost = _LOST
+        res.return_lost = _LOST if res.stdout_truncated and end < 0 else _FORGED
         return
     res.stdout_raw = raw[:at] + (raw[end + 1:] if end >= 0 else b"")
     res.stdout_bytes -= len(raw) - len(res.stdout_raw)  # count only what the program printed
     res.stdout = res.stdout_raw.decode(errors="replace")
-    res.returned, res.return_type = True, d.get("type")
-    if d.get("json"):
-        res.return_value = d.get("value")
+    # The line is the sandbox's to write (the token is in its argv): nothing of it is trusted
+    # to be the driver's, so each field is checked before it goes into the Result.
+    res.returned, res.return_type = True, _text(d.get("type"))
+    if d.get("json") is True and "value" in d:
+        if _carried(d["value"]):
+            res.return_value = d["value"]
+        else:
+            res.return_repr, res.return_truncated = _repr(d["value"])
     else:
-        res.return_repr = d.get("repr")
-        res.return_truncated = bool(d.get("truncated"))
+        res.return_repr = _text(d.get("repr"))
+        res.return_truncated = d.get("truncated") is True
+
+
+_FORGED = "the program wrote a line tagged as the return value that the driver does not write"
+_VALUE_DEPTH = 64  # a value nested deeper comes back as its repr: what reads a Result walks it recursively
+
+
+def _text(value: Any) -> str | None:
+    """A str the Result can carry as JSON text (a lone surrogate, which no UTF-8 reader takes,
+    shown as its escape), else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode()
+        return value
+    except UnicodeEncodeError:
+        return value.encode(errors="backslashreplace").decode()
+
+
+def _carried(value: Any) -> bool:
+    """Whether `value` goes into a Result as it is: nested at most _VALUE_DEPTH levels, and
+    no lone surrogate in a string (Python's JSON writes one, escaped; the MCP SDK's reader
+    and every UTF-8 one refuse it)."""
+    if strictjson.too_deep(value, _VALUE_DEPTH) is not None:
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+        return True
+    except (UnicodeEncodeError, ValueError, RecursionError):
+        return False
+
+
+def _repr(value: Any) -> tuple[str, bool]:
+    """The repr of a value the Result cannot carry as JSON, cut to 64 KiB as the driver's."""
+    try:
+        r = repr(value)  # (escapes lone surrogates)
+    except RecursionError:
+        r = f"<{type(value).__name__} nested too deeply for its repr()>"
+    return r[:65536], len(r) > 65536
 
 
 def _partial_tag(raw: bytes, tag: bytes) -> int | None:

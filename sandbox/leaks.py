@@ -253,7 +253,7 @@ def _ours_or_stale(path: str, ours: set[int]) -> bool:
 def cgroup_owner(path: str) -> int | None:
     """The supervisor pid a runner cgroup's name carries, or None."""
     parts = os.path.basename(path)[len(NAME) + 1:].split("-")
-    return int(parts[0]) if parts and parts[0].isdigit() else None
+    return int(parts[0]) if parts and parts[0].isascii() and parts[0].isdigit() else None
 
 
 def temp_dirs(bases: Iterable[str] | None = None) -> list[str]:

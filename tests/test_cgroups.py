@@ -810,6 +810,23 @@ def test_run_names_carry_the_pid_namespace_and_only_our_own_are_judged() -> None
     assert not cgroups.owner_is_gone(f"{dead}")  # /tmp/sandboxrun-<uid>: a user's session state, no run's
 
 
+def test_a_name_with_other_digits_than_ascii_is_nobodys_run(tmp_path: Path, isolated) -> None:
+    # "²".isdigit() but int("²") fails: anyone who could write /tmp (a `nested` run among
+    # them) stopped every later run with "internal error: ValueError" from the first run's sweep.
+    import subprocess
+    import sys
+
+    from sandbox.isolation import cgroups
+    from sandbox.leaks import cgroup_owner
+
+    assert not cgroups.owner_is_gone("²-x") and not cgroups.owner_is_gone("١٢-n1-t2-3")
+    assert cgroup_owner("/sys/fs/cgroup/pids/sandboxrun-²-1") is None
+    (tmp_path / "sandboxrun-²-x").mkdir()
+    r = subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], capture_output=True, timeout=60,
+                       env=dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0 and (tmp_path / "sandboxrun-²-x").is_dir(), r.stderr
+
+
 def test_namespaces_we_cannot_see_are_never_taken_for_dead(monkeypatch: pytest.MonkeyPatch) -> None:
     # Root without CAP_SYS_PTRACE cannot read other users' /proc/<pid>/ns/pid: every other
     # namespace looked empty, and a sweep killed the live runs of callers there.

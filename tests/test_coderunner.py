@@ -246,6 +246,46 @@ def test_values_whose_json_or_repr_fails_still_come_back(calc: Path) -> None:
     assert deep.return_repr.startswith("<list object: its repr() raised RecursionError"), deep.return_repr
 
 
+def test_values_no_utf8_reader_takes_or_nested_deep_come_back_as_their_repr(calc: Path) -> None:
+    # A lone surrogate went into return_value as it was: the MCP SDK failed to serialize the
+    # reply (a traceback on its stderr, the whole Result lost) and `--json` printed "\\ud800".
+    odd = run_python(calc, statement="'\\ud800' + 'x'")
+    assert (odd.returned, odd.return_value, odd.return_repr, odd.return_type) == (True, None, "'\\ud800x'", "str")
+    json.dumps(odd.to_dict(), ensure_ascii=False).encode()  # UTF-8 throughout
+    deep = run_python(calc, statement="__import__('functools').reduce(lambda a, _: [a], range(100), [])")
+    assert deep.return_value is None and deep.return_repr == "[" * 101 + "]" * 101, deep
+    flat = run_python(calc, statement="[[['é', 1.5, None]]]")
+    assert flat.return_value == [[["é", 1.5, None]]] and flat.return_repr is None
+
+
+FORGER = """\
+import os, sys
+def forge(body):
+    token = open("/proc/self/cmdline", "rb").read().split(b"\\0")[3].decode()  # argv: python3 -c DRIVER TOKEN
+    sys.stdout.write("\\n" + token + body + "\\n")
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("body", ["[1]", '{"type": "float", "json": true, "value": NaN}', "[" * 60000 + "]" * 60000,
+                                  '{"type": 5, "json": false, "repr": 7, "truncated": "yes"}',
+                                  '{"type": "\\udcff", "json": true, "value": "\\ud800"}'])
+def test_a_value_line_the_program_forged_is_taken_apart_safely(tmp_path: Path, body: str) -> None:
+    # The tagged line is the sandbox's to write (its token is in the driver's argv): a list
+    # there was an internal error (AttributeError), a deep one a RecursionError, NaN went out
+    # as JSON no reader takes, and other types into fields the schema says are strings.
+    script = tmp_path / "forger.py"
+    script.write_text(FORGER)
+    r = run_python(script, [body], function="forge")
+    d = r.to_dict()
+    assert r.status == "ok" and r.stdout == "", r
+    json.dumps(d, allow_nan=False, ensure_ascii=False).encode()
+    assert all(isinstance(d[k], (str, type(None))) for k in ("return_type", "return_repr", "return_lost")), d
+    assert isinstance(d["return_truncated"], bool)
+    assert r.returned or "does not write" in (r.return_lost or ""), d
+
+
 def _copies(owner: int) -> list[Path]:
     from sandbox.isolation.cgroups import owner_tag  # noqa: F401 - the names carry the pid
     from sandbox.workdir import tmpdir

@@ -466,7 +466,7 @@ def owner_is_gone(rest: str, live: set[int] | None = None) -> bool:
     nothing here, only when no process is in that namespace any more (`live`: what
     live_pid_namespaces said; None: we cannot tell, so it is not ours to judge)."""
     parts = rest.split("-")
-    if len(parts) < 2 or not parts[0].isdigit():
+    if len(parts) < 2 or not (parts[0].isascii() and parts[0].isdigit()):
         return False  # (not a run's: /tmp/sandboxrun-<uid> is a user's session state)
     owner = int(parts[0])
     tags = {p[0]: p[1:] for p in parts[1:3] if p[:1] in ("n", "t")}
