@@ -16,7 +16,9 @@ Works with mcp 1.x (`FastMCP`) and 2.x (`MCPServer`).
 # No `from __future__ import annotations`: the tool signatures inside build_server() use
 # local Annotated aliases that the SDK must be able to evaluate.
 import functools
+import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -62,6 +64,25 @@ def _for_peer(info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k not in HOST_ONLY}
 
 
+def _utf8(value: Any) -> Any:
+    """`value` with each lone surrogate shown as its escape: the SDK cannot write one (a
+    PydanticSerializationError lost the whole reply; in an error message, it ended the
+    server). They come from names on disk that are not UTF-8 (`\\xff.py` is "\\udcff.py")."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+            return value
+        except UnicodeEncodeError:
+            return value.encode(errors="backslashreplace").decode()
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8(v) for v in value]
+    return value
+
+
 class Tools:
     """The tool implementations (synchronous; the server runs them in worker threads)."""
 
@@ -79,7 +100,7 @@ class Tools:
     # -- helpers
 
     def _fail(self, message: str) -> Exception:
-        return self.ToolError(message)
+        return self.ToolError(_utf8(message))  # a path the model named may not be UTF-8
 
     def _kw(self, timeout: float | None, cancel: Any = None) -> dict[str, Any]:
         kw: dict[str, Any] = {"profile": self.profile, "cwd": self.workspace}
@@ -287,7 +308,7 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
 
     def threaded(method: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
         async def call(**kw: Any) -> dict[str, Any]:
-            return await anyio.to_thread.run_sync(functools.partial(method, **kw), limiter=tool_threads)
+            return _utf8(await anyio.to_thread.run_sync(functools.partial(method, **kw), limiter=tool_threads))
 
         return call
 
@@ -295,7 +316,7 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
         """A foreground run: a cancelled call (notifications/cancelled) kills its sandbox."""
         async def call(**kw: Any) -> dict[str, Any]:
             async with run_slots:
-                return await in_thread(lambda cancel: method(cancel=cancel, **kw))
+                return _utf8(await in_thread(lambda cancel: method(cancel=cancel, **kw)))
 
         return call
 
@@ -429,7 +450,9 @@ class _StdinLines:
     async def __anext__(self) -> str:
         import anyio
 
-        line = await anyio.to_thread.run_sync(self._next)
+        # abandoned when cancelled: a read that a client holding stdin open never ends must not
+        # hold up the server's end (Ctrl-C, or a client that closed the output)
+        line = await anyio.to_thread.run_sync(self._next, abandon_on_cancel=True)
         if line is None:
             raise StopAsyncIteration
         return line
@@ -450,9 +473,52 @@ class _StdinLines:
         if raw is None:
             return f"{_UNREAD}a line longer than {MAX_LINE >> 20} MiB: not read"
         try:
-            return raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             return f"{_UNREAD}not UTF-8 ({e.reason} at byte {e.start})"
+        problem = _request_problem(text)
+        return text if problem is None else _REPLY + json.dumps(problem)
+
+
+_REPLY = "\0sandboxrun-reply: "  # opens what _StdinLines gives for a request it answers itself: the error, as JSON
+_LONE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff: half of a pair, perhaps alone
+
+
+def _request_problem(text: str) -> dict[str, Any] | None:
+    """The error reply for a request the SDK would get wrong, else None. An id that is no string
+    or integer (null, 1.5, true, an object: MCP allows only those two) made the SDK take the
+    request for a notification, dropped unanswered; a lone surrogate escape, which is JSON but no
+    Unicode text, failed its parser, answered as no JSON at all and without the id."""
+    try:
+        msg = json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # the SDK's parser says what is wrong
+    if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
+        return None
+    rid = msg["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or isinstance(rid, str) and _utf8(rid) != rid:
+        shown = json.dumps(rid)
+        return {"code": -32600, "id": None, "message": 'Invalid Request: "id" must be a string or an integer, '
+                f"got {shown[:60]}{'...' if len(shown) > 60 else ''}"}
+    if _LONE_ESCAPE.search(text) and _has_lone_surrogate(msg):
+        return {"code": -32602, "id": rid, "message": "Invalid params: a string holds a lone surrogate escape "
+                "(\\ud800-\\udfff without its pair), which is no Unicode text"}
+    return None
+
+
+def _has_lone_surrogate(msg: Any) -> bool:
+    stack = [msg]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _utf8(v) != v:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _error_reply(error: Exception) -> Any:
@@ -466,15 +532,24 @@ def _error_reply(error: Exception) -> Any:
         errors = details() if callable(details) else []
         kinds = {e.get("type") for e in errors}
         first = errors[0].get("input") if errors else None
+        # pydantic's own words ("params: Input should be an object"), not the URL its str() ends with
+        reason = _utf8(" ".join(f"{'.'.join(map(str, errors[0].get('loc', ())[1:]))}: {errors[0]['msg']}".split())
+                       .lstrip(": ")) if errors else ""
+        # a message that parsed: its id, when that is one (JSON-RPC: null only when it cannot be read)
+        ids = [e["input"].get("id") for e in errors if isinstance(e.get("input"), dict) and "method" in e["input"]]
     except Exception:  # noqa: BLE001 - a detail, not worth failing the reply for
-        kinds, first = set(), None
+        kinds, first, reason, ids = set(), None, "", []
     bad_json = "json_invalid" in kinds or isinstance(error, ValueError) and not kinds
     code, what = (-32700, "Parse error: not JSON") if bad_json else (-32600, "Invalid Request: not a JSON-RPC message")
-    detail = str(error).splitlines()
-    message = f"{what} ({detail[-1].strip()[:200]})" if detail else what
-    if isinstance(first, str) and first.startswith(_UNREAD):
+    reason = reason or (str(error).splitlines() or [""])[0]
+    message = f"{what} ({reason.strip()[:200]})" if reason.strip() else what
+    rid = ids[0] if ids and isinstance(ids[0], (str, int)) and not isinstance(ids[0], bool) else None
+    if isinstance(first, str) and first.startswith(_REPLY):
+        d = json.loads(first[len(_REPLY):])
+        code, rid, message = d["code"], d["id"], d["message"]
+    elif isinstance(first, str) and first.startswith(_UNREAD):
         message = f"Parse error: {first[len(_UNREAD):]}"
-    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message)))
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(code=code, message=message)))
 
 
 async def _serve_stdio(server: Any) -> None:
@@ -495,6 +570,7 @@ async def _relay(low: Any, read: Any, write: Any) -> None:
     import anyio
 
     inner_send, inner_read = anyio.create_memory_object_stream[Any](0)
+    answers = _Answers(write)
 
     async def forward() -> None:
         async with inner_send:
@@ -506,11 +582,73 @@ async def _relay(low: Any, read: Any, write: Any) -> None:
                         continue
                     await write.send(reply)
                 else:
+                    answers.expect(item)
                     await inner_send.send(item)
+            # The end of the input: the calls under way are answered before the SDK hears of it
+            # (mcp 2.x answered each "Connection closed" and cancelled it, its sandbox killed).
+            await answers.all()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(forward)
-        await low.run(inner_read, write, low.create_initialization_options())
+        await low.run(inner_read, answers, low.create_initialization_options())
+
+
+def _message(item: Any) -> Any:
+    msg = getattr(item, "message", None)
+    return getattr(msg, "root", msg)  # (mcp 1.x wraps it in a RootModel)
+
+
+class _Answers:
+    """The server's side of the wire, counting the requests not answered yet: those the
+    client sent, less those answered or cancelled (a cancelled one gets no reply)."""
+
+    def __init__(self, write: Any) -> None:
+        self._write = write
+        self._open: dict[Any, int] = {}
+        self._event: Any = None
+
+    def expect(self, item: Any) -> None:
+        msg = _message(item)
+        method, rid = getattr(msg, "method", None), getattr(msg, "id", None)
+        if method is not None and rid is not None:
+            self._open[rid] = self._open.get(rid, 0) + 1
+        elif method == "notifications/cancelled":
+            params = getattr(msg, "params", None)
+            self._done(params.get("requestId") if isinstance(params, dict) else None)
+
+    def _done(self, rid: Any) -> None:
+        if rid is not None and self._open.get(rid):
+            self._open[rid] -= 1
+            if not self._open[rid]:
+                del self._open[rid]
+        if not self._open and self._event is not None:
+            self._event.set()
+
+    async def all(self) -> None:
+        import anyio
+
+        while self._open:
+            self._event = anyio.Event()
+            await self._event.wait()
+
+    async def send(self, item: Any) -> None:
+        await self._write.send(item)
+        msg = _message(item)
+        if getattr(msg, "method", None) is None:  # a response or an error
+            self._done(getattr(msg, "id", None))
+
+    async def aclose(self) -> None:
+        await self._write.aclose()
+
+    async def __aenter__(self) -> "_Answers":
+        await self._write.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._write.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:  # anything else an SDK asks of its stream
+        return getattr(self._write, name)
 
 
 def serve(server: Any) -> None:
@@ -525,7 +663,30 @@ def serve(server: Any) -> None:
     except ImportError:  # an SDK without what _serve_stdio uses: its own loop
         server.run("stdio")
         return
-    anyio.run(_serve_stdio, server)
+    import signal
+
+    # asyncio's runner takes over a default SIGINT handler: it cancelled the serving task, which
+    # waited for the stdin reader, and the server hung until the client's next line. Raised
+    # here as SIGTERM is (cli.py), Ctrl-C ends it at once.
+    own = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if own:
+        signal.signal(signal.SIGINT, _interrupt)
+    try:
+        anyio.run(_serve_stdio, server)
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupt(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _client_gone(error: BaseException) -> bool:
+    """Whether `error` (perhaps a group from the SDK's tasks) is only a closed output: EPIPE."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(_client_gone(e) for e in error.exceptions)
+    return isinstance(error, BrokenPipeError)
 
 
 def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
@@ -585,19 +746,27 @@ def main(argv: list[str]) -> int:
         import logging
 
         logging.getLogger().setLevel(logging.DEBUG)
-    interrupted = False
+    from .supervisor import _Uninterrupted
+
+    ended_early: str | None = None  # why it ended before its input did
+    steady = _Uninterrupted()  # a second signal must not cut short the removal of its sessions
     try:
         serve(server)  # stdout is the protocol channel: nothing else may print there
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
-        interrupted = True
+        ended_early = ""
+    except Exception as e:
+        if not _client_gone(e):
+            raise
+        ended_early = "sandboxrun: mcp: the client closed the server's output; ending\n"
     finally:
-        tools.close()
-    if interrupted:
+        steady.do(tools.close)
+    if ended_early is not None or steady.pending:
         # Exit now, not at the interpreter's exit: that joins the SDK's thread reading stdin,
         # which the client may keep open for ever (the server then took a second signal, with
         # a traceback). A run still going in a worker thread dies with us (its parent-death signal).
-        for stream in (sys.stdout, sys.stderr):
+        for stream, last in ((sys.stdout, ""), (sys.stderr, ended_early or "")):
             try:
+                stream.write(last)
                 stream.flush()
             except (OSError, ValueError):
                 pass

@@ -286,8 +286,10 @@ def test_concurrent_removes_of_one_session_are_one_removal_and_named_errors(tmp_
         tools.close()
 
 
-def test_sigterm_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Path, signame: str) -> None:
+    # SIGINT: asyncio's runner took it over and cancelled the serving task, which waited on the
+    # thread reading stdin: the server hung until the client's next line.
     import signal
     import subprocess
     import sys
@@ -300,7 +302,7 @@ def test_sigterm_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: Pa
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(2)  # serving (the SDK's import)
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(getattr(signal, signame))
         p.wait(timeout=15)  # stdin stays open (no communicate(), which would close it): the client did not go
         err = p.stderr.read() if p.stderr else b""
         assert p.returncode == 0 and b"Traceback" not in err, err
@@ -387,7 +389,7 @@ def test_a_line_that_is_no_json_rpc_gets_the_error_json_rpc_prescribes(tmp_path:
         d = s.reply(None)
         assert d["error"]["code"] == -32700 and d["jsonrpc"] == "2.0", d
         s.raw(b'{"jsonrpc": "1.0", "id": 5, "method": "ping"}\n')
-        assert s.reply(None)["error"]["code"] == -32600
+        assert s.reply(5)["error"]["code"] == -32600  # (its id, which could be read)
         s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})  # and it serves on
         assert "result" in s.reply("p")
     finally:
@@ -480,5 +482,93 @@ def test_background_sessions_are_capped_per_server(tmp_path: Path, monkeypatch: 
         sessions.get(started[0]["id"]).remove(grace=0)
         s.call("s3", "start", command="sleep 60; : 3")
         assert not s.reply("s3")["result"].get("isError")
+    finally:
+        s.close()
+
+
+def test_at_the_end_of_input_the_calls_under_way_are_answered(tmp_path: Path) -> None:
+    # mcp 2.x answered each call still running "Connection closed" once its input ended, and
+    # killed its sandbox: `printf ... | sandboxrun mcp` got no result.
+    s = Raw(tmp_path)
+    try:
+        s.call("slow", "run_command", command="sleep 1; echo done")
+        s.call("quick", "run_command", command="echo two")
+        assert s.p.stdin is not None
+        s.p.stdin.close()
+        for rid, out in (("slow", "done\n"), ("quick", "two\n")):
+            d = s.reply(rid)
+            assert "result" in d, d
+            assert json.loads(d["result"]["content"][0]["text"])["stdout"] == out
+        assert s.p.wait(timeout=30) == 0
+    finally:
+        s.close()
+
+
+def test_a_client_that_closed_the_output_ends_the_server_quietly(tmp_path: Path) -> None:
+    # The SDK's writer took EPIPE: "internal error: ExceptionGroup", exit 125, and only once
+    # another line came (till then the server hung on in the thread reading stdin).
+    import subprocess
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state)))
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    try:
+        p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": "p0", "method": "ping"}).encode() + b"\n")
+        p.stdin.flush()
+        assert json.loads(p.stdout.readline())["id"] == "p0"  # serving
+        p.stdout.close()
+        p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": "p1", "method": "ping"}).encode() + b"\n")
+        p.stdin.flush()  # (stdin stays open)
+        assert p.wait(timeout=15) == 0
+        err = p.stderr.read()
+        assert b"client closed" in err and b"internal error" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_requests_the_sdk_would_drop_or_misread_get_the_error_with_their_id(tmp_path: Path) -> None:
+    # An id MCP does not allow (null, 1.5, true, an object) made the SDK take the request for a
+    # notification: no reply, the client waited for ever. A lone surrogate escape, valid JSON,
+    # was answered -32700 without the id. Messages ended with pydantic's URL, not the reason.
+    s = Raw(tmp_path)
+    try:
+        for rid in (None, 1.5, True, {"a": 1}, [1]):
+            s.send({"jsonrpc": "2.0", "id": rid, "method": "ping"})
+            d = s.reply(None)
+            assert d["error"]["code"] == -32600 and "must be a string or an integer" in d["error"]["message"], d
+        s.raw(b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "check_command", '
+              b'"arguments": {"command": "\\ud800"}}}\n')
+        d = s.reply(7)
+        assert d["error"]["code"] == -32602 and "lone surrogate" in d["error"]["message"], d
+        s.send({"jsonrpc": "2.0", "id": "pa", "method": "tools/list", "params": [1]})
+        d = s.reply("pa")
+        assert d["error"]["code"] == -32600 and "params" in d["error"]["message"], d
+        s.raw(b"nojson\n")
+        d = s.reply(None)
+        assert d["error"]["code"] == -32700 and "https://" not in d["error"]["message"], d
+        s.send({"jsonrpc": "2.0", "id": "😀", "method": "ping"})  # a pair's escapes are text
+        assert "result" in s.reply("😀")
+    finally:
+        s.close()
+
+
+def test_a_name_on_disk_that_is_not_utf8_is_a_tool_error_not_the_servers_end(tmp_path: Path) -> None:
+    # The refusal named "\\udcff.py", which the SDK could not write: the server ended with
+    # "internal error: ExceptionGroup" and every later call got a broken pipe.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.mkfifo(os.fsencode(ws) + b"/\xff.py")
+    (ws / "s.py").symlink_to(os.fsdecode(b"\xff.py"))
+    s = Raw(tmp_path, "--workspace", str(ws))
+    try:
+        s.call("r", "run_python", script="s.py")
+        d = s.reply("r")
+        assert d["result"]["isError"] is True and "\\udcff" in d["result"]["content"][0]["text"], d
+        s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+        assert "result" in s.reply("p")
     finally:
         s.close()
