@@ -145,6 +145,8 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
         return f"the kernel refused the namespace ({code}); is it compiled in (CONFIG_*_NS)?"
     if step == "filesystem:chdir:workdir" and err in (E.EACCES, E.EPERM):
         return "the run's user cannot enter its working directory: its owner or mode keeps the run's uid out"
+    if step == "filesystem:mount:open-sources" and err in (E.ENOENT, E.ELOOP, E.EINVAL):
+        return "a bind source was removed or replaced after it was checked (a run whose workdir holds it can do that)"
     if step.startswith("filesystem") or step == "pivot_root":
         if facts["sysctls"].get("kernel.apparmor_restrict_unprivileged_userns") == "1" and facts["rootless"]:
             return _userns_cause(err, facts)

@@ -60,6 +60,10 @@ class Mount:
     target: str  # absolute path inside the sandbox
     writable: bool = False
     optional: bool = False  # skipped when the source does not exist
+    # A caller's bind (--bind, --ro-bind, bind=, ro_bind=), checked to be no link where it was
+    # taken (with_overrides): the view refuses its source if it is one by then, where a
+    # profile's own link (/bin -> usr/bin) is reproduced.
+    caller: bool = False
 
 
 @record(frozen=True)
@@ -116,6 +120,9 @@ class Profile:
         d = records.asdict(self)
         if not self.cgroup_needed_by:  # (set by overrides only: no profile file says it)
             del d["cgroup_needed_by"]
+        for m in d["mounts"]:
+            if not m["caller"]:  # (likewise)
+                del m["caller"]
         d["env"] = dict(self.env)
         lim = d["limits"]
         for k in ("memory", "address_space", "file_size", "output", "tmp_size", "shm_size", "log_size",
@@ -485,8 +492,8 @@ def _check_env_pair(k: str, v: object, err: Any) -> None:
         raise ProfileError(problem, source=whole.source, key=f"{whole.key}.{k}", value=v)
 
 
-def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
-    """"SRC" or "SRC:DST" to a Mount; both absolute, no '..'."""
+def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any, caller: bool = False) -> Mount:
+    """"SRC" or "SRC:DST" to a Mount; both absolute, no '..'. caller: an override's (Mount.caller)."""
     src, _, dst = spec.partition(":")
     dst = dst or src
     _check_abs(src, err)
@@ -498,7 +505,7 @@ def parse_bind(spec: str, *, writable: bool, optional: bool, err: Any) -> Mount:
         raise err("cannot bind over the sandbox root")
     if not optional and not os.path.exists(src):
         raise err(f"path does not exist: {src}")
-    return Mount(src, dst, writable, optional)
+    return Mount(src, dst, writable, optional, caller)
 
 
 def _no_link_before_last(m: Mount, err: Any) -> None:
@@ -891,8 +898,8 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             specs = [value] if isinstance(value, str) else list(value)
             if specs and profile.view != "private":
                 raise err(f"profile {profile.name!r}: {HOST_VIEW_BIND}")
-            extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err)
-                          for s in specs)
+            extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err,
+                                     caller=True) for s in specs)
             existing = changes.get("mounts", profile.mounts)
             others = [o.target for o in existing]
             for i, (spec, m) in enumerate(zip(specs, extra, strict=True)):

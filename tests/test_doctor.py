@@ -139,6 +139,8 @@ def test_causes_that_are_no_kernel_feature_missing() -> None:
     eagain = doctor.likely_cause("pid_namespace", errno.EAGAIN, root)
     assert "RLIMIT_NPROC" in eagain and "CONFIG" not in eagain, eagain
     assert "max_" in doctor.likely_cause("namespaces", errno.ENOSPC, root)
+    # a bind source removed or swapped for a link since its checks: no mount was refused
+    assert "after it was checked" in doctor.likely_cause("filesystem:mount:open-sources", errno.ELOOP, root)
     assert doctor.likely_cause("sandboxrun", 0, root) == ""  # a probe's InputError: it was "sandboxrun failed (0)"
     shut = doctor.likely_cause("filesystem:chdir:workdir", errno.EACCES, root)
     assert "cannot enter its working directory" in shut and "container" not in shut, shut

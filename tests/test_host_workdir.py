@@ -314,6 +314,45 @@ def test_bind_sources_are_reached_without_links_and_verified(monkeypatch: pytest
             filesystem.apply(view, [""])
 
 
+def test_a_callers_bind_source_swapped_for_a_link_after_the_checks_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                               tmp_path: Path, child: str) -> None:
+    # A caller's bind source is checked to be no link where it is taken; a concurrent run whose
+    # workdir holds it can swap in one afterwards (renameat2 RENAME_EXCHANGE). The view then
+    # reproduced it as it does a profile's own link (/bin -> usr/bin): /data was the view's
+    # /etc, and a long-lived caller's template kept it for the later runs with these binds.
+    from sandbox import supervisor
+    from sandbox.isolation import filesystem
+    from sandbox.profile import load, with_overrides
+
+    monkeypatch.setattr(supervisor, "_native", None)  # a forker (and templates) of this test's own
+    monkeypatch.delenv("SANDBOXRUN_NO_TEMPLATE", raising=False)
+    src, real = tmp_path / "data", tmp_path / "real"
+    src.mkdir()
+    (src / "mine").write_text("x\n")
+    prof = with_overrides(load("strict"), ro_bind=f"{src}:/data")  # checked: no link
+    src.rename(real)
+    os.symlink("/etc", src)  # swapped after the checks
+    try:
+        r = sandbox.run(["ls", "/data/"], profile=prof)
+        assert (r.status, r.error_step) == ("setup_error", "filesystem:mount:open-sources"), r
+        assert f"bind source {src} is a symbolic link: it changed after the checks" in (r.error or ""), r
+        if child == "native":
+            assert not supervisor._native.templates, "a template was kept with the link"
+        src.unlink()
+        real.rename(src)
+        r = sandbox.run(["ls", "/data/"], profile=prof)
+        assert (r.status, r.stdout) == ("ok", "mine\n"), r
+    finally:
+        if supervisor._native is not None:
+            supervisor._native.close()
+    # A profile's own link is still reproduced (test_a_link_in_the_view_is_made_after_every_bind).
+    os.symlink("usr/bin", tmp_path / "bin")
+    spec = filesystem.ViewSpec(binds=(filesystem.BindSpec(str(tmp_path / "bin"), "/bin", False, False),),
+                               workdir_host="", workdir="/work", tmp_size=1 << 20, shm_size=1 << 20,
+                               hostname="h", passwd="", group="")
+    assert ("l", "usr/bin", "/tmp/bin", 1) in filesystem.template_ops(spec).ops
+
+
 def test_a_link_in_the_view_is_made_after_every_bind(tmp_path: Path, child: str) -> None:
     # A profile's bind source that is a link is reproduced as a link in the view; until
     # pivot_root it resolves on the host, so a bind target below it would make its mount

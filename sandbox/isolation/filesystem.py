@@ -92,6 +92,9 @@ class BindSpec:
     # Read-write, cloned for each run and idmapped onto its ids, as the workdir is (not part
     # of a template): what the run writes there belongs to the source's owner.
     per_run: bool = False
+    # A caller's bind (profile.Mount.caller), checked to be no link: one that is by now was
+    # swapped since (a concurrent run's workdir can hold it) and is refused, never reproduced.
+    caller: bool = False
 
 
 @record(frozen=True)
@@ -208,7 +211,13 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
             # source); the child then checks it opened this very file (device, inode).
             st = lstat_through_real_dirs(b.source, f"bind source {b.source}")
             if stat.S_ISLNK(st.st_mode):
-                opened.append((os.readlink(b.source), b, False))
+                if b.caller:  # only a profile's own links are reproduced (/bin -> usr/bin)
+                    raise OSError(errno.ELOOP, f"bind source {b.source} is a symbolic link: it changed after the "
+                                  "checks")
+                try:
+                    opened.append((os.readlink(b.source), b, False))
+                except OSError as e:  # (EINVAL: a link no longer)
+                    raise OSError(e.errno, f"bind source {b.source} changed after the checks: {e.strerror}") from None
                 continue
         except InputError as e:  # gone, or a link, since the profile was checked: a setup failure
             missing = isinstance(e, MissingPath)
@@ -640,6 +649,7 @@ def apply(view: ViewOps, step: list[str]) -> bool:
 def build_view(spec: ViewSpec, step: list[str]) -> bool:
     """Build the whole view in our fresh mount namespace and pivot into it.
     True unless the workdir should have been idmapped and could not be."""
+    step[0] = "mount:open-sources"  # (its checks, while the operations are made: a source changed since)
     return apply(view_ops(spec), step)
 
 
@@ -706,7 +716,8 @@ def view_binds(mounts: Sequence[Any], *, per_run: bool = False, workdir: str = "
             return workdir.startswith(below) or any(o.target.startswith(below) for o in mounts if o is not m)
 
         binds = tuple(BindSpec(m.source, m.target, m.writable, m.optional,
-                               per_run=per_run and m.writable and not holds_another(m)) for m in mounts)
+                               per_run=per_run and m.writable and not holds_another(m),
+                               caller=m.caller) for m in mounts)
         if len(_binds) >= 64:
             _binds.clear()
         _binds[key] = binds
