@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 EXIT_TIMEOUT = 124
+# output_limit: 128 + SIGKILL, the kill output_overflow = "kill" calls for, whether it landed or
+# the command had already ended by itself (its exit code, 0 included, is in --json's
+# exit_code): the same output gives the same exit code however the reads fell.
+EXIT_OUTPUT_LIMIT = 137
 EXIT_INTERRUPTED = 130
 
 SUBCOMMANDS = ("run", "check", "profiles", "doctor", "start", "list", "poll", "log", "write", "send-keys",
@@ -169,6 +173,8 @@ def exit_code_for(result: Any) -> int:
         return EXIT_SANDBOX
     if st == "timeout":
         return EXIT_TIMEOUT
+    if st == "output_limit":
+        return EXIT_OUTPUT_LIMIT
     if result.exit_code >= 0:
         return int(result.exit_code)
     if result.signal:
@@ -189,8 +195,12 @@ def explain(result: Any) -> str | None:
         return f"sandboxrun: timed out ({result.error})"
     if st in ("memory_limit", "cpu_limit", "output_limit"):
         return f"sandboxrun: {st.replace('_', ' ')}: {result.error}"
-    if st == "signaled":
-        return f"sandboxrun: killed by {result.signal}"
+    if st == "signaled":  # with its error where there is one (the limit a SIGXFSZ is the signal of)
+        if not result.error:
+            return f"sandboxrun: killed by {result.signal}"
+        if result.error.startswith(f"{result.signal},"):
+            return f"sandboxrun: killed by {result.error}"
+        return f"sandboxrun: killed by {result.signal}: {result.error}"
     if result.exit_code in (126, 127) and result.error:
         return f"sandboxrun: {result.error}"
     if result.stdout_truncated or result.stderr_truncated:

@@ -66,7 +66,7 @@ class Result:
 
     command: list[str]
     status: str
-    success: bool = False
+    success: bool = False  # status == "ok", and never true for another status
     exit_code: int = -1
     signal: str | None = None
     stdout: str = ""

@@ -749,6 +749,9 @@ class _Report:
     utime: float = 0.0
     stime: float = 0.0
     maxrss_kb: int = 0
+    # The command's own CPU time (user + system), its reaped children's apart: what
+    # RLIMIT_CPU, a per-process limit, counts. None: not known (the child could not read it).
+    own_cpu: float | None = None
     error: tuple[str, int, str] | None = None
     trace: dict[str, float] = field(default_factory=dict)
     landlock_abi: int = 0
@@ -770,6 +773,8 @@ class _Report:
             parts = rest.split()
             self.status = int(parts[0])
             self.utime, self.stime, self.maxrss_kb = float(parts[1]), float(parts[2]), int(parts[3])
+            own = float(parts[4]) if len(parts) > 4 else -1.0
+            self.own_cpu = own if own >= 0 else None
         elif kind == "E":
             step, err, msg = (rest.split(" ", 2) + ["", ""])[:3]
             self.error = (step, int(err) if err.isdigit() else 0, msg)
@@ -1120,13 +1125,17 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     past = [name for name, c in (("stdout", out), ("stderr", err)) if c.total > lim.output]
     if kill_overflow and not timed_out and res.status != "setup_error" and past:
         # Also when the command ended before the supervisor read past the cap: the same
-        # output gets the same status, however the reads fell.
+        # output gets the same status, however the reads fell. The kill, sent when a read
+        # passed the cap before the command's exit was seen, ended it only where it did not
+        # end by itself (its own exit code, or a signal of its own, came first).
         stream = overflowed or past[0]
+        killed = bool(overflowed) and res.exit_code < 0 and res.signal == "SIGKILL"
         res.status = "output_limit"
         res.error = (f"{stream} passed the output limit of {_size(lim.output)}"
-                     + (": the sandbox was killed" if overflowed else ""))
+                     + (": the sandbox was killed" if killed else ": the output was cut there (the command had ended)"))
     if cancelled:
         res.error = "cancelled by the caller: the sandbox was killed"
+    res.success = res.status == "ok"  # (the schema's word: whatever changed the status above)
     return res
 
 
@@ -1171,7 +1180,9 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
     if os.WIFSIGNALED(st):
         sig = os.WTERMSIG(st)
         res.signal = signals.name(sig)
-        cpu = res.usage.cpu_user_s + res.usage.cpu_sys_s
+        # RLIMIT_CPU is per process: the command's own CPU time, not its tree's (two children
+        # of 60% each are no limit reached); the tree's where the child could not tell.
+        cpu = report.own_cpu if report.own_cpu is not None else res.usage.cpu_user_s + res.usage.cpu_sys_s
         if res.usage.oom_kills and sig == signals.SIGKILL:
             res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {_size(lim.memory)})"
         # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time used
@@ -1179,8 +1190,11 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
             res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
         else:
             res.status = "signaled"
-            if sig == signals.SIGXFSZ and lim.file_size:  # the kernel's, unless the command sent it itself
-                res.error = f"SIGXFSZ: a write passed the file size limit of {_size(lim.file_size)} (limits.file_size)"
+            if sig == signals.SIGXFSZ and lim.file_size:
+                # The kernel's for a write past RLIMIT_FSIZE, or the command's own `kill -XFSZ`:
+                # the exit status does not tell them apart, so no write is claimed.
+                res.error = (f"SIGXFSZ, the signal a write past the file size limit of {_size(lim.file_size)} "
+                             "gets (limits.file_size)")
         return
     code = os.WEXITSTATUS(st)
     res.exit_code = code

@@ -441,3 +441,48 @@ def test_a_stderr_that_cannot_be_written_keeps_every_exit_code(isolated, args: l
         cp = subprocess.run([sys.executable, "-m", "sandbox", *args], stdout=subprocess.DEVNULL, stderr=full,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert cp.returncode == code
+
+
+def _ended(**fields: Any) -> Any:
+    import sandbox
+
+    return sandbox.Result(command=["x"], **fields)
+
+
+@pytest.mark.parametrize("ended", [
+    {"exit_code": 0},  # it had exited by itself, 0, before the supervisor read the byte past the cap
+    {"exit_code": 3},
+    {"signal": "SIGKILL"},  # the supervisor's kill
+])
+def test_an_output_limit_exits_137_however_the_command_ended(ended: dict[str, Any]) -> None:
+    from sandbox.cli import exit_code_for, explain
+
+    r = _ended(status="output_limit", error="stdout passed the output limit of 64KiB", **ended)
+    assert exit_code_for(r) == 137
+    assert explain(r) == "sandboxrun: output limit: stdout passed the output limit of 64KiB"
+
+
+def test_an_output_limit_from_the_cli_is_137_with_a_line(tmp_path: Path) -> None:
+    prof = tmp_path / "p.toml"
+    prof.write_text('extends = "strict"\n[limits]\noutput = "64KiB"\noutput_overflow = "kill"\n')
+    # (the first passes the cap as it exits: the kill lands before or after its own exit 0)
+    for command in ("head -c 65537 /dev/zero; exit 0",) * 4 + ("yes",):
+        r = cli("--profile", str(prof), "--", "sh", "-c", command)
+        assert r.returncode == 137 and b"sandboxrun: output limit: stdout passed the output limit of 64KiB" in r.stderr, (
+            command, r.returncode, r.stderr[-300:])
+
+
+def test_a_signaled_run_says_why_when_the_result_does() -> None:
+    from sandbox.cli import explain
+
+    why = "SIGXFSZ, the signal a write past the file size limit of 1MiB gets (limits.file_size)"
+    assert explain(_ended(status="signaled", signal="SIGXFSZ", error=why)) == f"sandboxrun: killed by {why}"
+    assert explain(_ended(status="signaled", signal="SIGSEGV")) == "sandboxrun: killed by SIGSEGV"
+    assert (explain(_ended(status="signaled", signal="SIGKILL", error="the sandbox was killed"))
+            == "sandboxrun: killed by SIGKILL: the sandbox was killed")
+
+
+def test_a_sigxfsz_from_the_cli_names_the_file_size_limit() -> None:
+    r = cli("--", "sh", "-c", "kill -XFSZ $$")
+    assert r.returncode == 128 + 25, r.stderr
+    assert b"sandboxrun: killed by SIGXFSZ, the signal a write past the file size limit of 64MiB gets" in r.stderr, r.stderr

@@ -28,10 +28,21 @@ def test_signaled(isolated) -> None:
     assert (r.status, r.signal, r.exit_code) == ("signaled", "SIGSEGV", -1), r
 
 
+XFSZ_WHY = "SIGXFSZ, the signal a write past the file size limit of 1MiB gets (limits.file_size)"
+
+
 def test_a_write_past_the_file_size_limit_names_the_limit(isolated) -> None:
     r = sandbox.run(["dd", "if=/dev/zero", "of=/tmp/big", "bs=64k", "count=32"], file_size="1MiB")
     assert (r.status, r.signal) == ("signaled", "SIGXFSZ"), r
-    assert r.error == "SIGXFSZ: a write passed the file size limit of 1MiB (limits.file_size)", r
+    assert r.error == XFSZ_WHY, r
+
+
+def test_a_sigxfsz_the_command_sent_itself_is_not_said_to_be_a_write(isolated) -> None:
+    """The exit status does not tell the kernel's SIGXFSZ from a `kill -XFSZ`: the error
+    names the limit whose signal it is, and claims no write that may never have been."""
+    r = sandbox.run(["sh", "-c", "kill -XFSZ $$"], file_size="1MiB")
+    assert (r.status, r.signal, r.success) == ("signaled", "SIGXFSZ", False), r
+    assert r.error == XFSZ_WHY, r
 
 
 def test_exec_failures_are_127_and_126(isolated) -> None:
@@ -83,9 +94,44 @@ def test_fork_bomb_is_contained(contained) -> None:
     assert (r.status, r.stdout, r.usage.pids_limit_hit) == ("ok", "11\n", True), r
 
 
-def test_cpu_limit(contained) -> None:
+def test_cpu_limit(contained, child) -> None:
     r = sandbox.run(py("while True: pass"), cpu_time="1s", timeout=20)
-    assert r.status == "cpu_limit", r
+    assert (r.status, r.success, r.error) == ("cpu_limit", False, "CPU time limit of 1s"), r
+
+
+def test_cpu_limit_judges_the_commands_own_cpu_time_not_the_trees(contained, child) -> None:
+    """RLIMIT_CPU is per process: two children of 1.1 s each (2.2 s together, past 95% of
+    the 2 s limit) and then the command's own `kill -XCPU` is no CPU limit."""
+    burn = "import time\nwhile time.process_time() < 1.1: pass"
+    r = sandbox.run(["sh", "-c", f"python3 -c '{burn}' & python3 -c '{burn}' & wait; kill -XCPU $$"],
+                    cpu_time="2s", cpus=2, timeout=30)
+    assert r.usage.cpu_user_s + r.usage.cpu_sys_s >= 2.0, r.usage  # the tree's total did pass 95% of 2 s
+    assert (r.status, r.signal, r.success) == ("signaled", "SIGXCPU", False), r
+
+
+def test_the_child_reports_the_commands_own_cpu_time(isolated, child, monkeypatch) -> None:
+    """Both children (the native stage and the Python one) report the command's own CPU
+    time apart from its reaped children's, which RLIMIT_CPU does not count."""
+    from sandbox import supervisor
+
+    seen = []
+    real = supervisor._classify
+    monkeypatch.setattr(supervisor, "_classify", lambda res, report, lim: (seen.append(report), real(res, report, lim)))
+    burn = "import time\nwhile time.process_time() < {}: pass"
+    r = sandbox.run(["python3", "-c", f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn.format(0.5)!r}])\n"
+                                      f"{burn.format(0.3)}"], timeout=30)
+    assert r.status == "ok" and r.usage.cpu_user_s + r.usage.cpu_sys_s >= 0.8, r
+    assert seen[0].own_cpu is not None and 0.3 <= seen[0].own_cpu < 0.7, seen[0]
+
+
+@pytest.mark.parametrize(("line", "own"), [("X 9 1.5 0.5 100 0.250000", 0.25), ("X 9 1.5 0.5 100", None),
+                                           ("X 9 1.5 0.5 100 -1", None)])
+def test_the_report_line_carries_the_commands_own_cpu_time_when_known(line: str, own: float | None) -> None:
+    from sandbox import supervisor
+
+    report = supervisor._Report()
+    report.feed(line.encode() + b"\n")
+    assert (report.status, report.utime, report.stime, report.maxrss_kb, report.own_cpu) == (9, 1.5, 0.5, 100, own)
 
 
 def test_cpu_quota_caps_the_whole_run(contained) -> None:
@@ -166,7 +212,8 @@ def test_output_overflow_kill_ends_a_flood_at_once_and_says_which_stream(contain
     r = sandbox.run(["bash", "-c", f"(exec -a {mark} sleep 1000) & yes"], output_overflow="kill", timeout=30)
     assert time.monotonic() - t0 < 10, r  # not the 30 s timeout
     assert (r.status, r.success, r.signal, r.exit_code, r.timed_out) == ("output_limit", False, "SIGKILL", -1, False), r
-    assert r.stdout_truncated and len(r.stdout_raw) == 2**20 and "stdout" in r.error, r
+    assert r.stdout_truncated and len(r.stdout_raw) == 2**20, r
+    assert r.error == "stdout passed the output limit of 1MiB: the sandbox was killed", r
     assert r.isolation.limits["output_overflow"] == "kill"
     assert leaks.marked(mark) == []
     r = sandbox.run(["sh", "-c", "yes >&2"], output_overflow="kill", output="64KiB")
@@ -183,6 +230,33 @@ def test_output_overflow_kill_judges_the_bytes_not_the_timing(isolated) -> None:
     assert (at.status, at.exit_code, at.stdout_truncated) == ("nonzero_exit", 3, False), at
     drained = sandbox.run(["sh", "-c", "head -c 65537 /dev/zero; exit 3"], output="64KiB")
     assert (drained.status, drained.exit_code, drained.stdout_truncated) == ("nonzero_exit", 3, True), drained
+
+
+def test_an_output_limit_is_no_success_and_says_the_kill_only_when_there_was_one(isolated, monkeypatch) -> None:
+    """The command wrote one byte past the cap and exited 0 before the supervisor read it,
+    the byte's read handled before the exit: output_limit, never with success true, and the
+    error does not say the sandbox was killed (the kill came after the command's own end)."""
+    from sandbox import supervisor
+
+    real = supervisor._Poller.poll
+
+    def late(self, timeout):  # each wait oversleeps: the command ends meanwhile; its output is read first
+        time.sleep(0.2)
+        return sorted(real(self, 0), key=lambda what: what != "out")
+
+    monkeypatch.setattr(supervisor._Poller, "poll", late)
+    r = sandbox.run("head -c 65537 /dev/zero; exit 0", shell=True, output="64KiB", output_overflow="kill")
+    assert (r.status, r.success, r.exit_code, r.signal) == ("output_limit", False, 0, None), r
+    assert (r.stdout_bytes, r.stdout_truncated, len(r.stdout_raw)) == (65537, True, 65536), r
+    assert r.error == "stdout passed the output limit of 64KiB: the output was cut there (the command had ended)", r
+
+
+def test_an_output_limit_is_never_a_success(isolated) -> None:
+    """However the reads fall (the kill before or after the command's own exit 0)."""
+    for _ in range(6):
+        r = sandbox.run("head -c 65537 /dev/zero; exit 0", shell=True, output="64KiB", output_overflow="kill")
+        assert (r.status, r.success) == ("output_limit", False), r
+        assert r.error.endswith("the sandbox was killed") == (r.signal == "SIGKILL"), r
 
 
 def test_small_output_not_truncated(isolated) -> None:
@@ -492,7 +566,14 @@ def test_a_timeout_shorter_than_the_setup_still_ends_the_command_with_sigterm(co
 
 def test_a_command_that_exits_on_its_timeouts_sigterm_keeps_its_exit_code(contained) -> None:
     r = sandbox.run("trap 'exit 5' TERM; sleep 10 & wait", shell=True, timeout=0.3)
-    assert (r.status, r.exit_code, r.signal) == ("timeout", 5, None), r  # -1 only where there is none
+    assert (r.status, r.exit_code, r.signal, r.success) == ("timeout", 5, None, False), r  # -1 only where there is none
+
+
+def test_the_schema_says_a_timeout_may_keep_the_commands_exit_code() -> None:
+    """As the test above shows: the schema's -1 is for no exit code, not for every timeout."""
+    with open(os.path.join(os.path.dirname(sandbox.__file__), "result.schema.json")) as f:
+        described = json.load(f)["properties"]["exit_code"]["description"]
+    assert "-1 when there is none" in described and "exited by itself on the timeout's SIGTERM" in described, described
 
 
 def test_the_tmp_limit_is_reported_only_where_a_private_tmp_is_mounted(isolated) -> None:

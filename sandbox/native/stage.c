@@ -14,7 +14,7 @@
    any process of the sandbox exists.
 
    fd 3  the program (a memfd), read whole, then closed
-   fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss"
+   fd 4  the report pipe: "E step errno msg", "A key=value", "T step=ms ...", "S pid", "X status utime stime maxrss own_cpu"
    fd 5  "sandboxrun-init" only, and only where the caller did not make the pid namespace itself:
          we make it (clone_pid_namespace) and send PID 1's pid (or -errno) down this pipe
    fd 17 with fd 5, on cgroup v2: the run's cgroup directory, which PID 1 is cloned into
@@ -695,6 +695,16 @@ static void reap_the_rest(void) {
     }
 }
 
+/* The CPU time of process `pid` alone, user + system (what RLIMIT_CPU counts; its wait4
+   rusage adds its reaped children's), from its CPU clock, which a zombie still has: -1 if
+   unreadable. The Python child (child.py, own_cpu_time) reads the same clock. */
+static double own_cpu_time(pid_t pid) {
+    clockid_t clock;
+    struct timespec ts;
+    if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &ts) != 0) return -1;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 /* The parent-death signal covers a supervisor that dies from here on, not one that died
    between our spawn and this step: the signal would never come, and the run would go on
    with no one to end it at its timeout. Its report pipe tells: the supervisor holds the
@@ -909,7 +919,12 @@ static void exec_command(struct op *op) {
         }
         for (;;) {
             int status;
-            pid_t got = waitpid(-1, &status, WNOHANG);
+            siginfo_t ready;  /* which child has exited, left unreaped: the command's own CPU
+                                 time is read while it is a zombie */
+            ready.si_pid = 0;
+            if (waitid(P_ALL, 0, &ready, WEXITED | WNOHANG | WNOWAIT) < 0 && errno == EINTR) continue;
+            double own = ready.si_pid == pid ? own_cpu_time(pid) : -1;
+            pid_t got = ready.si_pid > 0 ? waitpid(ready.si_pid, &status, 0) : waitpid(-1, &status, WNOHANG);
             if (got < 0 && errno == EINTR) continue;
             if (got < 0) {  /* no child left (or waitpid failed: end what may be left first) */
                 if (!own_pid_ns) kill_tree();
@@ -920,8 +935,8 @@ static void exec_command(struct op *op) {
                 if (own_pid_ns) reap_the_rest(); else kill_tree();
                 struct rusage ru;
                 getrusage(RUSAGE_CHILDREN, &ru);
-                report("X %d %ld.%06ld %ld.%06ld %ld", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
-                       (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec, ru.ru_maxrss);
+                report("X %d %ld.%06ld %ld.%06ld %ld %.6f", status, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
+                       (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec, ru.ru_maxrss, own);
                 _exit(0);  /* the kernel now kills whatever is left in the namespace */
             }
         }
