@@ -255,13 +255,7 @@ _VALUE_DEPTH = 64  # a value nested deeper comes back as its repr: what reads a 
 def _text(value: Any) -> str | None:
     """A str the Result can carry as JSON text (a lone surrogate, which no UTF-8 reader takes,
     shown as its escape), else None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        value.encode()
-        return value
-    except UnicodeEncodeError:
-        return value.encode(errors="backslashreplace").decode()
+    return strictjson.utf8_text(value) if isinstance(value, str) else None
 
 
 def _carried(value: Any) -> bool:

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from .errors import InputError, SandboxError, os_bytes
 from .profile import Profile
+from .strictjson import utf8_text
 
 INSTRUCTIONS = """Run shell commands and Python code in a hardened Linux sandbox (profile {profile}).
 Each run starts from a clean process tree with no network beyond its own loopback, read-only system
@@ -69,13 +70,7 @@ def _utf8(value: Any) -> Any:
     PydanticSerializationError lost the whole reply; in an error message, it ended the
     server). They come from names on disk that are not UTF-8 (`\\xff.py` is "\\udcff.py")."""
     if isinstance(value, str):
-        if value.isascii():
-            return value
-        try:
-            value.encode()
-            return value
-        except UnicodeEncodeError:
-            return value.encode(errors="backslashreplace").decode()
+        return utf8_text(value)
     if isinstance(value, dict):
         return {_utf8(k): _utf8(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -9,6 +9,18 @@ import json
 from typing import Any
 
 
+def utf8_text(text: str) -> str:
+    """`text` with each lone surrogate (which Python's JSON writes as an escape and no UTF-8
+    reader takes: the MCP SDK, pydantic, most parsers) shown as its escape, `\\udcff`."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace").decode()
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
