@@ -173,6 +173,12 @@ class Monitor:
 
         if not self.req or not self.meta:
             raise RuntimeError(f"{self.sdir}: request.json or meta.json missing")
+        # First: a kill or remove of the session while it starts connects to it (and waits in
+        # the backlog until the sandbox is forked; a kill is then held in kill_requested).
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.bind("ctl.sock")  # relative: our cwd is the session folder (sun_path is short)
+        os.chmod("ctl.sock", 0o600)
+        self.sock.listen(16)
         token = secrets.token_hex(8)
         me = proc_self()  # as /proc numbers us: what readers look up
         from .isolation.cgroups import own_pid_namespace
@@ -207,10 +213,6 @@ class Monitor:
             else:
                 self.stdin_r, self.stdin_w = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(self.stdin_w, False)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.bind("ctl.sock")  # relative: our cwd is the session folder (sun_path is short)
-        os.chmod("ctl.sock", 0o600)
-        self.sock.listen(16)
         supervisor.Capture = _StreamAll  # type: ignore[misc]
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)

@@ -50,6 +50,7 @@ from .units import MAX_DURATION
 
 TTL_DEFAULT, TTL_MIN, TTL_MAX = 1800, 60, 10800
 START_TIMEOUT = 60.0  # the monitor must report a running sandbox (or a failure) within this
+CONNECT_WAIT = 10.0  # how long a request waits for the monitor of a `starting` session to bind its socket
 ANSWER_GRACE_S = 2.0  # for the result of a session whose monitor cut a request: it exits just after writing it
 LOG_MIN = 1024
 TAIL_BYTES = 16384  # output shown by run_or_yield when a run becomes a session
@@ -240,6 +241,24 @@ def proc_dev() -> int | None:
 
 def _readable_here(m: Mapping[str, Any]) -> bool:
     return m.get("proc_dev") in (None, proc_dev())
+
+
+def _starter_writes(sdir: str) -> bool | None:
+    """True while a starter holds the session folder's lock (it writes the files), None when
+    no one does (or the folder cannot be opened: then it is judged by its files)."""
+    try:
+        fd = os.open(sdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
@@ -564,12 +583,20 @@ class Session:
         if os.path.exists(self._path("result.json")):
             return "exited"
         m = self.meta
+        writing = None
+        if not m:
+            writing = _starter_writes(self.dir)
+            m = self.meta  # (written, and the folder let go, since the first read)
         if not m:
             try:
                 age = time.time() - os.stat(self.dir).st_mtime
             except FileNotFoundError:
                 raise self._gone() from None
-            return "starting" if age < 60 else "lost"  # a starter is writing it, or died doing so
+            if writing is None:  # its starter (which locks the folder until meta.json is written) is gone:
+                # no monitor was started, nothing runs. (A folder just made, not locked yet: 1 s.)
+                fresh = age < 1 and not os.path.lexists(self._path("request.json"))
+                return "starting" if fresh else "lost"
+            return "starting" if age < 60 else "lost"  # a starter is writing it, or is stuck doing so
         if m.get("state") == "lost":
             return "lost"
         if not _readable_here(m):
@@ -774,12 +801,7 @@ class Session:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.settimeout(timeout)
-            try:  # via /proc/self/fd: a deep state directory would exceed sun_path's 108 bytes
-                sock.connect(f"/proc/self/fd/{dfd}/ctl.sock")
-            except OSError as e:
-                if self.state in ("exited", "lost"):
-                    raise InputError(f"session {self.id} has ended; nothing to send it") from None
-                raise SandboxError(f"session {self.id}: cannot reach its monitor: {e.strerror or e}") from None
+            self._connect(sock, f"/proc/self/fd/{dfd}/ctl.sock")
             buf = b""
             cut = ""
             try:
@@ -805,6 +827,26 @@ class Session:
         if not reply.get("ok"):
             raise InputError(f"session {self.id}: {reply.get('error', 'refused')}")
         return reply
+
+    def _connect(self, sock: socket.socket, path: str) -> None:
+        """Connect to the monitor's socket (by `path`, via /proc/self/fd: a deep state directory
+        would exceed sun_path's 108 bytes). A session still `starting` (its monitor alive) may
+        not have bound it yet: tried again for up to CONNECT_WAIT seconds, so a kill or remove
+        then reaches it (the monitor holds a kill that comes before the sandbox is forked)."""
+        deadline = time.monotonic() + CONNECT_WAIT
+        while True:
+            try:
+                sock.connect(path)
+                return
+            except OSError as e:
+                st = self.state
+                if st in ("exited", "lost"):
+                    raise InputError(f"session {self.id} has ended; nothing to send it") from None
+                if st == "starting" and e.errno in (errno.ENOENT, errno.ECONNREFUSED) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                raise SandboxError(f"session {self.id}: cannot reach its monitor: {e.strerror or e}") from None
 
     def _unanswered(self, request: dict[str, Any], cut: str) -> dict[str, Any]:
         """No answer: the session ended while we asked (its monitor exits once the command
@@ -1207,11 +1249,14 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
             stdin_file: str | None, pty: bool, cols: int, rows: int, trace: bool,
 ) -> Session:
     sdir = sid = ""
+    folder_lock = -1
     for _ in range(32):
         sid = secrets.token_hex(4)
         sdir = os.path.join(root, sid)
         try:
             os.mkdir(sdir, 0o700)
+            folder_lock = os.open(sdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(folder_lock, fcntl.LOCK_EX)  # held until meta.json is written (see state)
             break
         except FileExistsError:
             continue
@@ -1241,6 +1286,8 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
         except OSError as e:  # a full disk, a file size limit: the host refused, nothing ran
             raise SessionSetupError(f"state directory {root}: cannot write the session's files: "
                                   f"{write_failure(e)}") from None
+        finally:
+            os.close(folder_lock)
         if names_lock >= 0:
             fcntl.flock(names_lock, fcntl.LOCK_UN)  # the name is visible now: the next may check
         try:

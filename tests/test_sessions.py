@@ -961,3 +961,64 @@ def test_a_session_outlives_its_caller_by_default(state: Path) -> None:
         s.kill()
     finally:
         end_marked(mark)
+
+
+# ---------------------------------------------------------------------------- sessions audit
+
+
+@pytest.mark.parametrize("verb", ["kill", "remove"])
+def test_kill_or_remove_while_the_session_starts_ends_it(state: Path, verb: str, contained) -> None:
+    """Asked before the monitor had bound ctl.sock (meta.json says "starting"), both failed
+    with "cannot reach its monitor: No such file or directory" and the command ran on."""
+    mark = marker()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    starter = subprocess.Popen([sys.executable, "-m", "sandbox", "start", "--name", "rs", "--", "bash", "-c",
+                                f"exec -a {mark} sleep 100"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        metas = until(lambda: list(state.glob("*/meta.json")) if state.exists() else [], 30, "meta.json")
+        s = sessions.Session(metas[0].parent.name)  # type: ignore[index]
+        early = s.state == "starting" and not Path(s.dir, "ctl.sock").exists()
+        res = s.kill(grace=0) if verb == "kill" else s.remove(grace=0)
+        assert res is not None and res.status in ("signaled", "killed", "setup_error"), res
+        assert verb == "kill" or not os.path.lexists(s.dir)
+        starter.communicate(timeout=60)
+        until(lambda: not leaks.marked(mark), 5, "the command to be gone")
+        assert early  # the case the audit found (4 of 4): asked before ctl.sock was there
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        end_marked(mark)
+
+
+def test_a_half_created_session_folder_can_be_cleared_at_once(state: Path) -> None:
+    """A start SIGKILLed after request.json, before meta.json: listed `starting` for 60 s,
+    and neither clear nor remove could take it."""
+    sessions.state_dir()
+    folder = state / "0badf00d"
+    folder.mkdir(mode=0o700)
+    (folder / "request.json").write_text("{}")
+    s = sessions.get("0badf00d")
+    assert s.state == "lost"
+    s.clear()
+    assert not folder.exists()
+    folder.mkdir(mode=0o700)
+    (folder / "request.json").write_text("{}")
+    assert sessions.get("0badf00d").remove() is not None and not folder.exists()
+
+
+def test_a_folder_its_starter_still_writes_reads_starting(state: Path) -> None:
+    import fcntl
+
+    sessions.state_dir()
+    folder = state / "0badf00d"
+    folder.mkdir(mode=0o700)
+    (folder / "request.json").write_text("{}")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the starter holds it until meta.json is written
+        assert sessions.get("0badf00d").state == "starting"
+    finally:
+        os.close(fd)
+    assert sessions.get("0badf00d").state == "lost"
