@@ -1097,21 +1097,49 @@ def _check_size(cols: Any, rows: Any) -> None:
             raise InputError(f"{label}: expected a whole number from 1 to 10000, got {v!r}")
 
 
+# Bidirectional controls: they reorder what a terminal shows after them (U+202E: "evil" reads "live").
+_BIDI = frozenset((0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+
+
+def control_char(c: str) -> bool:
+    """A character no name may carry: a C0 or C1 control, DEL (a terminal acts on them:
+    ESC starts escape sequences, U+009B is a one-character CSI), or a bidi control."""
+    o = ord(c)
+    return o < 32 or 0x7F <= o <= 0x9F or o in _BIDI
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: control characters (control_char) and lone surrogates as
+    Python escapes (\\x1b, \\u202e, \\udcff), the rest as it is."""
+    if not any(control_char(c) or 0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return text
+    return "".join(ascii(c)[1:-1] if control_char(c) or 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+
+
 def derive_name(argv: Sequence[str]) -> str:
     if len(argv) >= 3 and os.path.basename(argv[0]) in ("sh", "bash", "dash") and argv[1] == "-c":
         text = argv[2]
     else:
         text = shlex.join([os.path.basename(argv[0]), *argv[1:]])
     text = " ".join(text.split())
+    # No control character (a name is printed to terminals) nor lone surrogate (not UTF-8): "?".
+    text = "".join("?" if control_char(c) or 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
     return text if len(text) <= 40 else text[:39] + "~"
 
 
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= 64 or "/" in name \
-            or any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+            or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
         shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
         # (a lone surrogate, a byte of a non-UTF-8 argument, could not be written in meta.json's UTF-8)
         raise InputError(f"name: expected 1-64 printable characters without '/', got {shown}")
+    bad = next((c for c in name if control_char(c)), None)
+    if bad is not None:  # C0, C1 and bidi controls: a terminal that lists it would act on them
+        import unicodedata
+
+        what = f"U+{ord(bad):04X} ({unicodedata.name(bad)}), a bidi control" if ord(bad) in _BIDI \
+            else f"U+{ord(bad):04X}, a control character"
+        raise InputError(f"name: {ascii(name)} holds {what}; choose another")
     if name in (".", ".."):  # get() refuses them (path components): the session could not be found
         raise InputError(f"name: {name!r} cannot name a session; choose another")
     if name != name.strip():

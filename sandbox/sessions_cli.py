@@ -78,8 +78,8 @@ def cmd_start(argv: list[str]) -> int:
         _print_json(info)
     elif not failed:  # an id on stdout says it started: `ID=$(sandboxrun start ...)` gets none otherwise
         print(sess.id)
-        print(f"sandboxrun: session {sess.id} ({info['name']}) started, sandbox pid {info['pid']}",
-              file=sys.stderr)
+        print(f"sandboxrun: session {sess.id} ({sessions.printable(info['name'])}) started, "
+              f"sandbox pid {info['pid']}", file=sys.stderr)
     if res is not None and failed:
         print(f"sandboxrun: session {sess.id} did not start: {res.error}", file=sys.stderr)
         return exit_code_for(res)
@@ -118,8 +118,8 @@ def cmd_list(argv: list[str]) -> int:
             code = r.get("exit_code")
             result = r["status"] + (f" {code}" if isinstance(code, int) and code >= 0 else "")
         pid = r["pid"] if r["pid"] is not None else "-"
-        print(f"{r['id']:<9} {r['state']:<8} {pid:>7} {_age(r.get('created')):>5} {result:<16} "
-              f"{r['name']}{'  [pty]' if r['pty'] else ''}")
+        print(sessions.printable(f"{r['id']:<9} {r['state']:<8} {pid:>7} {_age(r.get('created')):>5} {result:<16} "
+                                 f"{r['name']}{'  [pty]' if r['pty'] else ''}"))  # a name edited in: escaped
     return 0
 
 

@@ -1022,3 +1022,40 @@ def test_a_folder_its_starter_still_writes_reads_starting(state: Path) -> None:
     finally:
         os.close(fd)
     assert sessions.get("0badf00d").state == "lost"
+
+
+ESCAPE_NAME = "sleep 100 # \x1b]0;PWNED\x07\u202eevil\x9b31m"
+
+
+def test_a_derived_name_carries_no_control_characters() -> None:
+    for argv in (["sh", "-c", ESCAPE_NAME], ["echo", "\x1b[2J", "\u2066x\u2069", "\u200f\u061c"]):
+        name = sessions.derive_name(argv)
+        assert not any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F or c in "\u202a\u202b\u202c\u202d\u202e\u2066"
+                       "\u2067\u2068\u2069\u200e\u200f\u061c" for c in name), repr(name)
+    assert sessions.derive_name(["sh", "-c", "a\x1bb"]) == "a?b"
+
+
+@pytest.mark.parametrize("char", ["\x85", "\x9b", "\u202e", "\u2066", "\u200f", "\u061c", "\x1b", "\x7f"])
+def test_a_name_with_a_control_character_is_refused_by_name(char: str) -> None:
+    with pytest.raises(InputError, match=f"U\\+{ord(char):04X}") as e:
+        sandbox.start(["true"], name=f"a{char}b")
+    assert char not in str(e.value)
+    assert sessions.list_sessions() == []
+
+
+def test_list_and_start_print_no_raw_control_characters(state: Path) -> None:
+    r = cli("start", "--", "sh", "-c", ESCAPE_NAME)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.decode().strip()
+    try:
+        # An older meta.json (or one edited by hand) may carry them still: escaped on output.
+        meta = Path(state, sid, "meta.json")
+        meta.write_text(json.dumps(dict(json.loads(meta.read_text()), name="x\x1b]0;PWNED\x07\u202ey\x9b")))
+        listed = cli("list")
+        assert listed.returncode == 0 and sid.encode() in listed.stdout, listed
+        for out in (r.stderr, listed.stdout):
+            text = out.decode()
+            assert not any(ord(c) < 32 and c != "\n" or 0x7F <= ord(c) <= 0x9F or c in "\u202e" for c in text), out
+        assert b"\\x1b" in listed.stdout and b"\\u202e" in listed.stdout
+    finally:
+        sessions.get(sid).remove(grace=0)
