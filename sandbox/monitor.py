@@ -27,6 +27,7 @@ Control protocol: one JSON line per connection, one JSON line back ({"ok": ...})
 from __future__ import annotations
 
 import base64
+import binascii
 import fcntl
 import json
 import os
@@ -58,6 +59,8 @@ from .sessions import (
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
 MAX_REQUEST = (MAX_WRITE + 2) // 3 * 4 + (1 << 16)  # the same, as base64 in a JSON line
+BIG_REQUEST = 4 << 20  # a request longer than this is read only while no other such one is (memory)
+_DATA_KEY = b', "data": "'  # how the client sends a write's data (see _parse_request)
 START_WAIT = 20.0  # how long the starter is kept waiting for the sandbox's setup
 PASTE_ON, PASTE_OFF = b"\x1b[?2004h", b"\x1b[?2004l"
 
@@ -128,6 +131,9 @@ class Monitor:
         self.line_open = False  # the last byte written to the terminal left a line unfinished
         self._kill_lock = threading.Lock()
         self._ready_lock = threading.Lock()
+        # One large request (a write of up to 32 MiB: 44 MiB as a line) is read and written at a
+        # time: each connection has a thread of its own, and concurrent ones took hundreds of MB.
+        self._big = threading.Semaphore(1)
 
     def _p(self, name: str) -> str:
         return os.path.join(self.sdir, name)
@@ -367,6 +373,7 @@ class Monitor:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        big = False
         with conn:
             try:
                 cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -374,6 +381,8 @@ class Monitor:
                 if uid not in (0, os.geteuid()):
                     raise _Refused("permission denied")
                 conn.settimeout(30)
+                # A large write waits its turn within the one deadline of a write (see _write).
+                deadline = time.monotonic() + WRITE_TIMEOUT
                 buf = bytearray()  # (bytes += was quadratic: 30 MB took seconds)
                 while not buf.endswith(b"\n"):
                     chunk = conn.recv(1 << 16)
@@ -382,26 +391,37 @@ class Monitor:
                     buf += chunk
                     if len(buf) > MAX_REQUEST:
                         raise _Refused(f"request too large (at most {MAX_WRITE >> 20} MiB of data per write)")
+                    if not big and len(buf) > BIG_REQUEST and not buf.endswith(b"\n"):
+                        if not self._big.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                            n = _drain(conn, buf)  # read (not kept), so that the client reads the answer
+                            raise _Refused("the command is not reading its input: an earlier large write still "
+                                           f"waits (0 of {n} bytes written)" if n >= 0 else "request too large")
+                        big = True
                 conn.settimeout(None)
-                reply = self._dispatch(json.loads(buf))
+                req = _parse_request(buf)
+                del buf  # (only the decoded data is kept while it is written)
+                reply = self._dispatch(req, deadline if big else None)
             except _Refused as e:
                 reply = {"ok": False, "error": str(e)}
             except Exception as e:  # noqa: BLE001 - a bad request must not end the monitor
                 reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                if big:
+                    self._big.release()
             try:
                 conn.sendall(json.dumps(reply).encode() + b"\n")
             except OSError:
                 pass
 
-    def _dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _dispatch(self, req: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
         op = req.get("op")
         if op == "write":
-            return {"ok": True, "written": self._write(base64.b64decode(req.get("data", ""), validate=True))}
+            return {"ok": True, "written": self._write(_data(req), deadline)}
         if op == "paste":
-            data = base64.b64decode(req.get("data", ""), validate=True)
+            data = _data(req)
             if self.bracketed_paste:
                 data = b"\x1b[200~" + _without_paste_marks(data) + b"\x1b[201~"
-            return {"ok": True, "written": self._write(data)}
+            return {"ok": True, "written": self._write(data, deadline)}
         if op == "eof":
             self._eof()
         elif op == "resize":
@@ -427,12 +447,14 @@ class Monitor:
             raise _Refused(f"unknown request {op!r}")
         return {"ok": True, "pid": self.meta.get("pid")}
 
-    def _write(self, data: bytes) -> int:
+    def _write(self, data: bytes, deadline: float | None = None) -> int:
         # One deadline for the wait behind an earlier write and for this one's own: a write
         # queued behind a stuck one fails whole within WRITE_TIMEOUT, well before its client
         # gives up (a write reported as failed must not land later: a retry would send it twice).
-        deadline = time.monotonic() + WRITE_TIMEOUT
-        if not self._write_lock.acquire(timeout=WRITE_TIMEOUT):
+        # (A large one's deadline counts from its connection: it waited for its turn to be read.)
+        if deadline is None:
+            deadline = time.monotonic() + WRITE_TIMEOUT
+        if not self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise _Refused(f"the command is not reading its input: an earlier write still waits (0 of "
                            f"{len(data)} bytes written)")
         try:
@@ -476,6 +498,55 @@ class Monitor:
             if self.stdin_w is not None:
                 os.close(self.stdin_w)
                 self.stdin_w = None
+
+
+def _parse_request(buf: bytearray) -> dict[str, Any]:
+    """A request line as a dict. A write's as the client sends it ({..., "data": "BASE64"}) has
+    its data decoded straight from the buffer, never copied as text first (json.loads of 44 MiB
+    made three copies of it); anything else is parsed as JSON."""
+    i = buf.find(_DATA_KEY)
+    if i > 0 and buf.endswith(b'"}\n'):
+        try:
+            head = json.loads(bytes(buf[:i]) + b"}")
+            with memoryview(buf) as view:
+                data = binascii.a2b_base64(view[i + len(_DATA_KEY):-3], strict_mode=True)
+        except ValueError:  # (binascii.Error too): not this shape after all
+            pass
+        else:
+            if isinstance(head, dict) and "data" not in head:
+                head["data"] = data
+                return head
+    out = json.loads(buf)
+    if not isinstance(out, dict):
+        raise _Refused("a request is a JSON object")
+    return out
+
+
+def _data(req: dict[str, Any]) -> bytes:
+    data = req.get("data", "")
+    if isinstance(data, bytes):  # decoded by _parse_request already (JSON has no bytes)
+        return data
+    return base64.b64decode(data, validate=True)
+
+
+def _drain(conn: socket.socket, buf: bytearray) -> int:
+    """Read the rest of a request line without keeping it; the bytes of data it carried
+    (-1: not a write's shape, or longer than any request)."""
+    total, tail = len(buf), bytes(buf[-8:])
+    scratch = bytearray(1 << 16)
+    while not tail.endswith(b"\n"):
+        n = conn.recv_into(scratch)
+        if not n:
+            return -1
+        total += n
+        tail = (tail + bytes(scratch[:n]))[-8:]
+        if total > MAX_REQUEST:
+            return -1
+    i = buf.find(_DATA_KEY)
+    if i < 0 or not tail.endswith(b'"}\n'):
+        return -1
+    b64 = total - (i + len(_DATA_KEY)) - 3
+    return b64 // 4 * 3 - tail[:-3].count(b"=")
 
 
 def _without_paste_marks(data: bytes) -> bytes:

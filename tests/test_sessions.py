@@ -380,7 +380,8 @@ def test_eof_on_a_terminal_after_text_on_the_line_ends_the_input() -> None:
     assert res is not None and res.status == "ok" and res.stdout.endswith("abcabc"), res
 
 
-def test_a_write_queued_behind_a_stuck_one_fails_whole_and_never_lands_later() -> None:
+@pytest.mark.parametrize("size", [1_000_000, 8 << 20])  # 8 MiB: a large one, that waits its turn to be read
+def test_a_write_queued_behind_a_stuck_one_fails_whole_and_never_lands_later(size: int) -> None:
     """It waited for the lock, then its own 10 s: its client gave up at 15 s ("did not answer"),
     yet its data went in later, so a retry would have sent it twice."""
     import threading
@@ -390,7 +391,7 @@ def test_a_write_queued_behind_a_stuck_one_fails_whole_and_never_lands_later() -
 
     def write() -> None:
         try:
-            outcomes.append(f"wrote {s.write(b'x' * 1_000_000)}")
+            outcomes.append(f"wrote {s.write(b'x' * size)}")
         except SandboxError as e:
             outcomes.append(str(e))
 
@@ -403,8 +404,8 @@ def test_a_write_queued_behind_a_stuck_one_fails_whole_and_never_lands_later() -
     s.write(b"", eof=True)
     res = s.wait(30)
     assert res is not None and res.status == "ok", res
-    partial = [o for o in outcomes if "of 1000000 bytes written" in o and "(0 of" not in o]
-    queued = [o for o in outcomes if "not reading its input" in o and "(0 of 1000000 bytes written)" in o]
+    partial = [o for o in outcomes if f"of {size} bytes written" in o and "(0 of" not in o]
+    queued = [o for o in outcomes if "not reading its input" in o and f"(0 of {size} bytes written)" in o]
     assert len(partial) == 1 and len(queued) == 1, outcomes
     landed = int(partial[0].split("(")[1].split(" of")[0])
     assert int(res.stdout) == landed, (res.stdout, outcomes)  # the queued write put nothing in
@@ -1059,3 +1060,40 @@ def test_list_and_start_print_no_raw_control_characters(state: Path) -> None:
         assert b"\\x1b" in listed.stdout and b"\\u202e" in listed.stdout
     finally:
         sessions.get(sid).remove(grace=0)
+
+
+def _vm_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no VmHWM")
+
+
+def test_concurrent_large_writes_keep_the_monitor_small() -> None:
+    """Each connection buffered up to 44 MiB plus JSON and base64 copies, all at once: one
+    32 MiB write took the monitor from ~17 to ~180 MB, six concurrent ones to 784 MB."""
+    import threading
+
+    s = sandbox.start(["sh", "-c", "cat > /dev/null"])
+    monitor = s.meta["monitor_pid"]
+    base = _vm_hwm(monitor)
+    data = b"x" * (24 << 20)
+    results: list[object] = []
+
+    def write() -> None:
+        try:
+            results.append(s.write(data))
+        except SandboxError as e:
+            results.append(str(e))
+
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    grown = _vm_hwm(monitor) - base
+    s.write(b"", eof=True)
+    assert s.wait(20) is not None
+    assert results == [len(data)] * 3, results
+    # One at a time: its line (4/3 of the data, as base64) and the data decoded; was 213 MiB here
+    assert grown < 4 * len(data), f"the monitor grew by {grown >> 20} MiB"
