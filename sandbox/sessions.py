@@ -159,13 +159,19 @@ def write_json(path: str, data: Any) -> None:
 
 
 def read_bytes(path: str) -> bytes | None:
-    """The file's bytes; None if there is none. OSError if it cannot be read (a directory in
-    its place is EISDIR: opened read-only, it is refused only on read)."""
+    """The file's bytes; None if there is none. OSError if it cannot be read: a directory in
+    its place is EISDIR, anything else that is not a regular file (a FIFO, a device, planted
+    by hand) EINVAL, never opened blocking (a FIFO would hang the reader until a writer came)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
     with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
         return f.read()
 
 

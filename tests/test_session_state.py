@@ -182,3 +182,25 @@ def test_a_runtime_directory_that_is_a_file_is_named(tmp_path: Path, monkeypatch
     monkeypatch.setattr(hostpaths, "default_state_dir", lambda: str(afile / "sandboxrun"))
     with pytest.raises(SandboxError, match=r"runtime/sandboxrun: Not a directory \(set SANDBOXRUN_STATE_DIR\)"):
         sessions.state_dir()
+
+
+@pytest.mark.parametrize("where", ["meta.json", "result.json", "request.json"])
+def test_a_fifo_in_place_of_a_state_file_hangs_no_command(state: Path, where: str) -> None:
+    """read_bytes opened it blocking: `start`, `poll` (the sweep) and `list` hung for ever."""
+    s = ended("sound")
+    folder = state / "deadbeef"
+    folder.mkdir(mode=0o700)
+    (folder / "meta.json").write_text(json.dumps({"id": "deadbeef", "state": "running", "created": 1.0}))
+    (folder / where).unlink(missing_ok=True)
+    os.mkfifo(folder / where, 0o600)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for args in (("start", "--", "true"), ("list",), ("poll", s.id), ("wait", "deadbeef"), ("log", "deadbeef")):
+        r = subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True, text=True,
+                           timeout=20, env=env)
+        assert "internal error" not in r.stderr, (args, r.stderr)
+    if where == "result.json":
+        res = sessions.get("deadbeef").result
+        assert res is not None and res.status == "lost" and "not a regular file" in res.error, res
+    assert sessions.read_json(str(folder / where)) is None
+    sessions.get("deadbeef").remove()
+    assert not folder.exists()
