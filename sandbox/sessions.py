@@ -267,9 +267,28 @@ def _starter_writes(sdir: str) -> bool | None:
     return None
 
 
-def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
+_INIT_NAMES = (b"sandboxrun-init", b"sandboxrun-stage")  # what a sandbox's init calls itself (comm)
+
+
+def _sandbox_init(proc_fd: int) -> bool:
+    """The process of this /proc directory fd is a sandbox's init: it has renamed itself so
+    (child.py, native/stage.c), or it is in a run's cgroup (sandboxrun-<owner>-<n>)."""
+    from .isolation.cgroups import PREFIX
+    from .isolation.proctree import read_through
+
+    if read_through(proc_fd, "comm").rstrip(b"\n") in _INIT_NAMES:
+        return True
+    for line in read_through(proc_fd, "cgroup").decode(errors="replace").splitlines():
+        for part in line.split(":", 2)[-1].split("/"):
+            if part.startswith(PREFIX) and part != f"{PREFIX}supervisor":
+                return True
+    return False
+
+
+def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL, sandbox_init: bool = False) -> None:
     """Signal the process /proc numbers `pid`, if it is still the one that started at
-    `start`: checked through a fd of its /proc directory, which the signal goes through."""
+    `start` (and, with `sandbox_init`, is a sandbox's init): checked through a fd of its
+    /proc directory, which the signal goes through."""
     if not (isinstance(pid, int) and pid > 0 and start is not None):
         return
     from .isolation.proctree import read_through, signal_if
@@ -277,7 +296,8 @@ def _kill_if(pid: Any, start: Any, sig: int = signal.SIGKILL) -> None:
     def same(fd: int) -> bool:
         text = read_through(fd, "stat")
         fields = text[text.rfind(b")") + 2:].split()
-        return bool(fields) and fields[0] not in (b"Z", b"X") and int(fields[19]) == start
+        return bool(fields) and fields[0] not in (b"Z", b"X") and int(fields[19]) == start \
+            and (not sandbox_init or _sandbox_init(fd))
 
     signal_if(pid, sig, same)
 
@@ -620,8 +640,9 @@ class Session:
         if os.path.exists(self._path("result.json")):  # it ended between the two reads
             return "exited"
         # Should the kernel not have killed it with its monitor (PR_SET_PDEATHSIG), nothing may
-        # run unsupervised: the pid namespace dies with its init.
-        _kill_if(m.get("pid"), m.get("pid_start"))
+        # run unsupervised: the pid namespace dies with its init. (Only a sandbox's init: a
+        # meta.json edited by hand may name any process of ours.)
+        _kill_if(m.get("pid"), m.get("pid_start"), sandbox_init=True)
         return self._lost(m)
 
     def _lost(self, m: dict[str, Any]) -> str:

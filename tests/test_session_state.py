@@ -204,3 +204,48 @@ def test_a_fifo_in_place_of_a_state_file_hangs_no_command(state: Path, where: st
     assert sessions.read_json(str(folder / where)) is None
     sessions.get("deadbeef").remove()
     assert not folder.exists()
+
+
+def test_an_edited_meta_never_gets_a_host_process_killed(state: Path) -> None:
+    """meta.json naming any host process (pid, pid_start) with a dead monitor: the next
+    `list` SIGKILLed it, taking it for a surviving sandbox init."""
+    s = ended("sound")
+    bystander = subprocess.Popen(["sleep", "300"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        folder = state / "deadbeef"
+        folder.mkdir(mode=0o700)
+        (folder / "meta.json").write_text(json.dumps({
+            "id": "deadbeef", "name": "forged", "state": "running", "created": 1.0, "command": ["x"],
+            "monitor_pid": dead.pid, "monitor_start": 1, "pid": bystander.pid,
+            "pid_start": sessions.proc_starttime(bystander.pid)}))
+        assert sessions.get("deadbeef").state == "lost"
+        assert cli("list").returncode == 0
+        assert bystander.poll() is None, "a host process was killed"
+        sessions.get("deadbeef").clear()
+        s.clear()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_surviving_sandbox_init_of_a_lost_session_is_still_killed(state: Path, tmp_path: Path) -> None:
+    """What the check lets through: a process named as a sandbox's init names itself."""
+    init = tmp_path / "sandboxrun-init"  # comm is the name it was executed by
+    init.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    survivor = subprocess.Popen([str(init), "300"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        sessions.state_dir()
+        folder = state / "deadbeef"
+        folder.mkdir(mode=0o700)
+        (folder / "meta.json").write_text(json.dumps({
+            "id": "deadbeef", "state": "running", "created": 1.0, "monitor_pid": dead.pid, "monitor_start": 1,
+            "pid": survivor.pid, "pid_start": sessions.proc_starttime(survivor.pid)}))
+        assert sessions.get("deadbeef").state == "lost"
+        assert survivor.wait(5) == -9
+    finally:
+        survivor.kill()
+        survivor.wait()
