@@ -399,8 +399,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def read_log(path: str, token: str) -> tuple[int, bytes]:
-    """(bytes dropped before the kept part, the kept bytes) of a capped log."""
-    data = read_bytes(path) or b""
+    """(bytes dropped before the kept part, the kept bytes) of a capped log; one that is not a
+    regular file (a directory, a FIFO put in its place by hand) reads as empty."""
+    try:
+        data = read_bytes(path) or b""
+    except OSError as e:
+        if e.errno not in (errno.EISDIR, errno.EINVAL):
+            raise
+        data = b""
     prefix = f"[sandboxrun:{token}: ".encode()
     if token and data.startswith(prefix):
         end = data.find(b"\n")
@@ -766,7 +772,12 @@ class Session:
     def _open_poll_offset(self) -> int:
         """poll.offset, where the last poll stopped (shared by every process that polls)."""
         try:
-            return os.open(self._path("poll.offset"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = os.open(self._path("poll.offset"),
+                         os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO put there by hand: no position to keep
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
+            return fd
         except FileNotFoundError:  # removed (by another process) since its state was read
             raise InputError(f"session {self.id} has been removed") from None
         except OSError as e:  # a read-only state directory: a poll that cannot move on would repeat

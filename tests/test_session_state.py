@@ -184,7 +184,7 @@ def test_a_runtime_directory_that_is_a_file_is_named(tmp_path: Path, monkeypatch
         sessions.state_dir()
 
 
-@pytest.mark.parametrize("where", ["meta.json", "result.json", "request.json"])
+@pytest.mark.parametrize("where", ["meta.json", "result.json", "request.json", "stdout.log", "poll.offset"])
 def test_a_fifo_in_place_of_a_state_file_hangs_no_command(state: Path, where: str) -> None:
     """read_bytes opened it blocking: `start`, `poll` (the sweep) and `list` hung for ever."""
     s = ended("sound")
@@ -194,7 +194,8 @@ def test_a_fifo_in_place_of_a_state_file_hangs_no_command(state: Path, where: st
     (folder / where).unlink(missing_ok=True)
     os.mkfifo(folder / where, 0o600)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for args in (("start", "--", "true"), ("list",), ("poll", s.id), ("wait", "deadbeef"), ("log", "deadbeef")):
+    for args in (("start", "--", "true"), ("list",), ("poll", s.id), ("wait", "deadbeef"), ("log", "deadbeef"),
+                 ("log", "deadbeef", "--stream", "stdout"), ("poll", "deadbeef")):
         r = subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True, text=True,
                            timeout=20, env=env)
         assert "internal error" not in r.stderr, (args, r.stderr)
