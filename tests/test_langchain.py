@@ -113,3 +113,15 @@ def test_good_configuration_is_kept(tmp_path: Path) -> None:
     assert tool.invoke({"command": "echo $A"}) == "exit code: 0\nstatus: ok\nstdout:\n1"
     msg = tool.invoke({"name": tool.name, "args": {"command": "true"}, "id": "call-2", "type": "tool_call"})
     assert msg.artifact["isolation"]["limits"]["memory_bytes"] == 256 * 2**20, msg.artifact  # the run_options too
+
+
+@pytest.mark.parametrize("timeout", [True, False, "7", "0.5"])
+def test_timeout_of_the_wrong_type_is_not_coerced(timeout) -> None:
+    """pydantic's lax mode made True 1 s, "7" 7 s and False 0 (an error about a timeout of 0)."""
+    msg = SandboxTool().invoke({"name": "run_command", "args": {"command": "true", "timeout": timeout},
+                                "id": "t", "type": "tool_call"})
+    assert msg.status == "error" and msg.content.startswith("error: invalid arguments: timeout"), msg.content
+
+
+def test_whole_seconds_are_still_a_timeout() -> None:
+    assert SandboxTool().invoke({"command": "true", "timeout": 5}) == "exit code: 0\nstatus: ok\n(no output)"

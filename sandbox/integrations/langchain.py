@@ -50,9 +50,11 @@ def _invalid_arguments(e: ValidationError) -> str:
 
 
 class SandboxInput(BaseModel):
-    command: str = Field(description="Shell command line to run with /bin/sh -c inside the sandbox, "
+    # Strict: no coercion ("7" is not 7 s, True is not 1 s): a wrong type is an invalid
+    # argument the model can correct (an int is still a number of seconds).
+    command: str = Field(strict=True, description="Shell command line to run with /bin/sh -c inside the sandbox, "
                                      "e.g. 'python3 -c \"print(1+1)\"' or 'ls -la | head'")
-    timeout: float | None = Field(default=None, description="Wall-clock limit in seconds (default: the "
+    timeout: float | None = Field(default=None, strict=True, description="Wall-clock limit in seconds (default: the "
                                                             "profile's, 30 in strict); the whole process tree is "
                                                             "killed when it runs out")
 
