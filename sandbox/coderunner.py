@@ -288,6 +288,22 @@ def _partial_tag(raw: bytes, tag: bytes) -> int | None:
     return None
 
 
+def prepare(script: str | os.PathLike[str], args: Sequence[Any], function: str | None, statement: str | None,
+            prof: Profile) -> tuple[bytes, str, str, list[str], str | None]:
+    """What run_python checks before it copies the script (a payload's --dry-run shows the
+    same): the script's bytes, its path inside, the return token, the argv, and the content
+    scan's verdict (None, or why it is blocked)."""
+    _check_target(function, statement)
+    name, data = _read_script(script)
+    target = f"{SCRIPT_DIR}/{name}"
+    token = "sbxret" + secrets.token_hex(8)
+    argv = _argv(target, args, function, statement, token)
+    reason = None
+    if prof.scan:
+        reason = scan(data.decode(errors="replace"), prof) or (scan(statement, prof, "statement") if statement else None)
+    return data, target, token, argv, reason
+
+
 def run_python(
     script: str | os.PathLike[str],
     args: Sequence[Any] = (),
@@ -308,16 +324,10 @@ def run_python(
     from .supervisor import run
 
     started = time.monotonic()
-    _check_target(function, statement)
     prof = _load_profile(profile)
-    name, data = _read_script(script)
-    target = f"{SCRIPT_DIR}/{name}"
-    token = "sbxret" + secrets.token_hex(8)
-    argv = _argv(target, args, function, statement, token)
-    if prof.scan:
-        reason = scan(data.decode(errors="replace"), prof) or (scan(statement, prof, "statement") if statement else None)
-        if reason:
-            return _blocked(_shown(argv), prof, reason, started)
+    data, target, token, argv, reason = prepare(script, args, function, statement, prof)
+    if reason:
+        return _blocked(_shown(argv), prof, reason, started)
     from .hostpaths import remove_tree
     from .workdir import mkdtemp, tmpdir
 

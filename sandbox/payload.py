@@ -6,7 +6,7 @@
 Values arrive as strings, as the tool prompts that emit these payloads define them
 (`env` is a JSON object inside a string). Defaults from those prompts: timeout
 30 s (at most 120 s), output capped at 1 MB per stream, cwd `./` (the caller's
-current directory, bound read-write at the profile's workdir). Every problem is
+current directory, bound read-write at the profile's workdir; never a home directory). Every problem is
 reported as `{"error": {"field": ..., "message": ...}}` naming the offending field,
 and nothing runs. The reply to a valid payload is the Result plus `returncode`
 (the name those prompts' executors read; the same number the CLI exits with) and
@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from . import shellwords, strictjson
-from .errors import EXIT_USAGE, InputError, ProfileError, SandboxError
+from .errors import EXIT_SANDBOX, EXIT_USAGE, InputError, ProfileError, SandboxError
 from .profile import Profile
 from .record import asdict, field, record
 
@@ -47,12 +47,35 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 # A payload's cwd is bound read-write: never the root or a system tree, whoever asks.
 _SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev",
                  "/proc", "/sys", "/run", "/var/lib", "/var/log")
+# Nor a home directory: what a workdir holding one of these would hand the model (keys and
+# tokens, or a shell's start-up files, which run at the next login).
+HOME_FILES = (".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".git-credentials", ".config", ".bashrc",
+              ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zshenv", ".zprofile")
+_SHOWN = 80  # characters of a payload's value that an error message shows
+_MESSAGE = 1000  # characters of an error message at most: no value of up to 16 MiB comes back whole
+
+
+def _quoted(text: str, limit: int = _SHOWN) -> str:
+    """`text` as an error message shows it: its repr (a lone surrogate escaped), cut to its
+    first `limit` characters, with its length, when longer."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _label(text: str, limit: int = 40) -> str:
+    """A name from the payload (an unknown key or property) as the error's field: cut, and
+    a lone surrogate shown as its escape."""
+    return strictjson.utf8_text(text if len(text) <= limit else text[:limit] + "...")
 
 
 class PayloadError(InputError):
     """A payload problem: which field, and what is wrong with it."""
 
     def __init__(self, field: str, message: str) -> None:
+        field, message = _label(field, 120), strictjson.utf8_text(message)
+        if len(message) > _MESSAGE:  # (a core error naming a value: a path, a variable)
+            message = f"{message[:_MESSAGE]}... ({len(message)} characters)"
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
 
@@ -92,24 +115,26 @@ def _props(raw: Any, action: str) -> dict[str, str]:
         raise PayloadError("properties", "expected a list of {\"name\": ..., \"value\": ...} objects")
     known = PROPERTIES[action]
     out: dict[str, str] = {}
+    seen: set[str] = set()
     for i, item in enumerate(raw):
         where = f"properties[{i}]"
         if not isinstance(item, dict):
             raise PayloadError(where, "expected an object with \"name\" and \"value\"")
         extra = set(item) - {"name", "value"}
         if extra:
-            raise PayloadError(where, f"unknown key {sorted(extra)[0]!r} (expected \"name\" and \"value\")")
+            raise PayloadError(where, f"unknown key {_quoted(sorted(extra)[0])} (expected \"name\" and \"value\")")
         name = item.get("name")
         if not isinstance(name, str):
             raise PayloadError(f"{where}.name", "expected a string")
         if name not in known:
-            raise PayloadError(name, f"unknown property for {action} (known: {', '.join(known)})")
-        if name in out:
+            raise PayloadError(_label(name), f"unknown property for {action} (known: {', '.join(known)})")
+        if name in seen:  # (a blank or absent value the first time too)
             raise PayloadError(name, "given more than once")
-        value = item.get("value")
-        if value is None:
+        seen.add(name)
+        if "value" not in item:  # as if not given
             continue
-        if not isinstance(value, str):
+        value = item["value"]
+        if not isinstance(value, str):  # null too: README's "a non-string value"
             raise PayloadError(name, f"value must be a string, got {_json_type(value)}")
         if "\0" in value:
             raise PayloadError(name, "value contains a NUL byte")
@@ -119,6 +144,8 @@ def _props(raw: Any, action: str) -> dict[str, str]:
 
 
 def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
     if isinstance(v, bool):
         return "boolean"
     if isinstance(v, (int, float)):
@@ -135,10 +162,10 @@ def _timeout(text: str | None) -> float:
         return DEFAULT_TIMEOUT
     t = text.strip().lower()
     if not _SECONDS.fullmatch(t):
-        raise PayloadError("timeout", f"expected a number of seconds, got {text!r}")
+        raise PayloadError("timeout", f"expected a number of seconds, got {_quoted(text)}")
     v = float(t.removesuffix("s"))
     if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT:
-        raise PayloadError("timeout", f"{text!r} is out of range: more than 0 and at most {MAX_TIMEOUT:g} seconds")
+        raise PayloadError("timeout", f"{_quoted(text)} is out of range: more than 0 and at most {MAX_TIMEOUT:g} seconds")
     return v
 
 
@@ -150,7 +177,7 @@ def _bool(name: str, text: str | None, default: bool) -> bool:
         return True
     if t in _FALSE:
         return False
-    raise PayloadError(name, f"expected \"true\" or \"false\", got {text!r}")
+    raise PayloadError(name, f"expected \"true\" or \"false\", got {_quoted(text)}")
 
 
 def _env(text: str | None) -> dict[str, str]:
@@ -164,13 +191,13 @@ def _env(text: str | None) -> dict[str, str]:
         raise PayloadError("env", f"expected a JSON object, got {_json_type(env)}")
     for k, v in env.items():
         if not k or "=" in k or "\0" in k:
-            raise PayloadError("env", f"invalid variable name {k!r}")
+            raise PayloadError("env", f"invalid variable name {_quoted(k)}")
         _utf8("env", k)
         if not isinstance(v, str):
-            raise PayloadError(f"env.{k}", f"value must be a string, got {_json_type(v)}")
+            raise PayloadError(f"env.{_label(k)}", f"value must be a string, got {_json_type(v)}")
         if "\0" in v:
-            raise PayloadError(f"env.{k}", "value contains a NUL byte")
-        _utf8(f"env.{k}", v, "surrogateescape")  # as the core checks a variable's value
+            raise PayloadError(f"env.{_label(k)}", "value contains a NUL byte")
+        _utf8(f"env.{_label(k)}", v, "surrogateescape")  # as the core checks a variable's value
     return env
 
 
@@ -181,7 +208,7 @@ def _shelltype(text: str | None) -> str | None:
     if t in FOREIGN_SHELLS:
         raise PayloadError("shelltype", f"{t} ({FOREIGN_SHELLS[t]}) is not supported on Linux; use bash")
     if t not in SHELLS:
-        raise PayloadError("shelltype", f"unknown shell {text!r} (supported: {', '.join(SHELLS)})")
+        raise PayloadError("shelltype", f"unknown shell {_quoted(text)} (supported: {', '.join(SHELLS)})")
     return t
 
 
@@ -195,6 +222,16 @@ def _utf8(field: str, text: str, errors: str = "strict") -> str:
         raise PayloadError(field, f"not valid UTF-8 text: {text[e.start]!r} at offset {e.start} is a lone "
                                   "surrogate") from None
     return text
+
+
+def _utf8_value(field: str, doc: Any) -> Any:
+    """`doc` (a JSON value passed through into the reply), refused if a string or key in it
+    holds a lone surrogate, as a string field's value is (the reply would be no UTF-8 text)."""
+    try:
+        json.dumps(doc, ensure_ascii=False).encode()  # (its depth is checked: at most MAX_DEPTH)
+    except UnicodeEncodeError as e:
+        raise PayloadError(field, f"not valid UTF-8 text: it holds a lone surrogate, {e.object[e.start]!r}") from None
+    return doc
 
 
 def _check_depth(doc: Any, field: str) -> None:
@@ -218,14 +255,15 @@ def _below(path: str, root: str) -> bool:
 
 def _inside(field: str, path: str, given: str, root: str | None) -> None:
     """Every payload path must resolve inside the root, and not through a hidden directory
-    below it (started in a home directory, `.ssh` or `.config` are not the model's)."""
+    below it (`.ssh`, `.config` are not the model's; nor is a home directory as the workdir:
+    _cwd refuses one)."""
     _utf8(field, given)
     if root is not None and not _below(path, root):
-        raise PayloadError(field, f"{given} is outside the allowed root {root}")
+        raise PayloadError(field, f"{_quoted(given)} is outside the allowed root {root}")
     below = path[len(root.rstrip("/")):] if root is not None else path
     hidden = [p for p in below.split("/")[:-1 if field == "scriptPath" else None] if p.startswith(".")]
     if hidden:
-        raise PayloadError(field, f"{given} goes through the hidden directory {hidden[0]!r}")
+        raise PayloadError(field, f"{_quoted(given)} goes through the hidden directory {_quoted(hidden[0])}")
 
 
 def _cwd(text: str | None, base: str, root: str | None = None) -> str:
@@ -240,10 +278,44 @@ def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     try:
         check_writable_dir(path, "cwd")
     except InputError as e:
-        raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, given, 1)) from None
+        shown = given if len(given) <= _SHOWN else _quoted(given)
+        raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, shown, 1)) from None
     if any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
         raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
+    problem = _home_problem(path)
+    if problem:
+        where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
+        raise PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
+                                  "not write your keys or login files; run it in a project directory, or pass "
+                                  "--root PROJECT_DIR")
     return path
+
+
+def _homes() -> set[str]:
+    """$HOME, the caller's home and every passwd entry's, resolved."""
+    import pwd
+
+    homes = {os.environ.get("HOME") or ""}
+    try:
+        homes.add(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    homes.update(p.pw_dir for p in pwd.getpwall())
+    return {os.path.realpath(h) for h in homes if h.startswith("/")}
+
+
+def _home_problem(path: str) -> str | None:
+    """Why `path` (resolved: no link in it) may not be a payload's workdir as a home directory
+    (or one that holds a home), else None."""
+    for home in sorted(_homes()):
+        if home == path:
+            return "it is a home directory"
+        if _below(home, path):
+            return f"it holds the home directory {home}"
+    held = [n for n in HOME_FILES if os.path.lexists(os.path.join(path, n))]
+    if held:
+        return f"it holds {held[0]}, as a home directory does"
+    return None
 
 
 def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
@@ -256,19 +328,19 @@ def _script(props: dict[str, str], base: str, root: str | None = None) -> str:
     path = os.path.realpath(os.path.join(base, os.path.expanduser(sp)))
     if os.path.isdir(path):
         if fn is None:
-            raise PayloadError("fileName", f"missing: scriptPath {sp!r} is a directory, name the file in it")
+            raise PayloadError("fileName", f"missing: scriptPath {_quoted(sp)} is a directory, name the file in it")
         if "/" in fn or fn in (".", ".."):
-            raise PayloadError("fileName", f"expected a file name without '/', got {fn!r}")
+            raise PayloadError("fileName", f"expected a file name without '/', got {_quoted(fn)}")
         path = os.path.realpath(os.path.join(path, fn))
     elif fn is not None and os.path.basename(path) != fn and os.path.basename(sp) != fn:
-        raise PayloadError("fileName", f"{fn!r} does not match scriptPath {sp!r}")
+        raise PayloadError("fileName", f"{_quoted(fn)} does not match scriptPath {_quoted(sp)}")
     _inside("scriptPath", path, sp, root)
     if not os.path.exists(path):
-        raise PayloadError("scriptPath", f"no such file: {sp if fn is None else os.path.join(sp, fn)}")
+        raise PayloadError("scriptPath", f"no such file: {_quoted(sp if fn is None else os.path.join(sp, fn))}")
     if not os.path.isfile(path):
-        raise PayloadError("scriptPath", f"not a regular file: {sp}")
+        raise PayloadError("scriptPath", f"not a regular file: {_quoted(sp)}")
     if not path.endswith(".py"):
-        raise PayloadError("scriptPath", f"expected a Python script (*.py), got {os.path.basename(path)!r}")
+        raise PayloadError("scriptPath", f"expected a Python script (*.py), got {_quoted(os.path.basename(path))}")
     return path
 
 
@@ -298,7 +370,7 @@ def _code_target(req: PayloadRequest, method: str, args: str | None) -> None:
     parts = _split("args", args)
     name = parts[0]
     if not all(p.isidentifier() for p in name.split(".")):
-        raise PayloadError("args", f"expected a function name first, got {name!r}")
+        raise PayloadError("args", f"expected a function name first, got {_quoted(name)}")
     req.function = name
     req.args = [_json_or_str(a) for a in parts[1:]]
     for arg in req.args:
@@ -352,21 +424,21 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     _check_depth(doc, "payload")
     unknown = [k for k in doc if k not in TOP_LEVEL]
     if unknown:
-        raise PayloadError(unknown[0], f"unknown key (known: {', '.join(TOP_LEVEL)})")
+        raise PayloadError(_label(unknown[0]), f"unknown key (known: {', '.join(TOP_LEVEL)})")
     action = doc.get("action")
     if action is None:
         raise PayloadError("action", f"missing (one of: {', '.join(PROPERTIES)})")
     if not isinstance(action, str):
         raise PayloadError("action", f"expected a string, got {_json_type(action)}")
     if action not in PROPERTIES:
-        raise PayloadError("action", f"unknown action {action!r} (one of: {', '.join(PROPERTIES)})")
+        raise PayloadError("action", f"unknown action {_quoted(action)} (one of: {', '.join(PROPERTIES)})")
     req = PayloadRequest(action=action)
     seq = doc.get("sequential")
     if seq is not None:
         if not isinstance(seq, dict):
             raise PayloadError("sequential", f"expected an object, got {_json_type(seq)}")
         if "prompt" in seq:
-            req.prompt, req.has_prompt = seq["prompt"], True
+            req.prompt, req.has_prompt = _utf8_value("sequential.prompt", seq["prompt"]), True
     if "properties" not in doc:
         raise PayloadError("properties", "missing: the list of {\"name\", \"value\"} properties")
     props = _props(doc["properties"], action)
@@ -374,7 +446,8 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
         try:
             base = os.getcwd()
         except FileNotFoundError:
-            raise InputError("the current directory no longer exists: the payload's paths are relative to it") from None
+            raise PayloadError("cwd", "the current directory no longer exists: the payload's paths are relative "
+                                      "to it") from None
     # The model writes these paths: by default they stay inside the directory we were started
     # in (a payload naming /root/.ssh or any other host directory is refused); `root="/"` for
     # any directory that is not a system tree.
@@ -382,7 +455,8 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
     req.timeout = _timeout(props.get("timeout"))
     req.env = _env(props.get("env"))
     req.shelltype = _shelltype(props.get("shelltype"))
-    req.description = props.get("description")
+    if "description" in props:
+        req.description = _utf8("description", props["description"])  # echoed by --dry-run
     if action == "run_command":
         cmd = props.get("command")
         if cmd is None or not cmd.strip():
@@ -402,7 +476,7 @@ def parse(text: str | bytes, *, base: str | None = None, root: str | None = None
         req.script = _script(props, base, root)
         method = props.get("method", "script").strip().lower()
         if method not in METHODS:
-            raise PayloadError("method", f"unknown method {props['method']!r} (one of: {', '.join(METHODS)})")
+            raise PayloadError("method", f"unknown method {_quoted(props['method'])} (one of: {', '.join(METHODS)})")
         req.method = method
         _code_target(req, method, props.get("args"))
         req.cwd = _cwd(None, base, root)
@@ -422,15 +496,45 @@ def _overrides(req: PayloadRequest) -> dict[str, Any]:
     return {"timeout": req.timeout, "output": OUTPUT_CAP, "cwd": req.cwd, "env": req.env or None}
 
 
+def _checked(req: PayloadRequest, eff: Profile) -> tuple[list[str], dict[str, str], str | None]:
+    """The checks the run makes before it starts a sandbox (sandbox.run's, and run_python's
+    before them): the argv as the Result shows it, the command's environment, and the
+    filter's or content scan's verdict (None, or why it is blocked)."""
+    from .supervisor import check_environment, home_in_run, prepare
+
+    check_environment()
+    if req.action == "run_command":
+        argv, env, blocked = prepare(eff, req.argv, False, req.env or None)
+    else:
+        from .coderunner import _shown
+        from .coderunner import prepare as prepare_python
+
+        _, target, _, full, blocked = prepare_python(req.script or "", req.args, req.function, req.statement, eff)
+        argv = _shown(full)
+        if blocked is None:  # (the content scan's block comes first: then nothing else is checked)
+            from .profile import with_overrides
+
+            eff = with_overrides(eff, ro_bind=[f"{req.script}:{target}"])  # as run_python binds its copy
+            _, env, blocked = prepare(eff, full, False, req.env or None)
+        else:
+            from .supervisor import build_env
+
+            env = build_env(eff, req.env or None)
+    return argv, home_in_run(env, eff, req.cwd), blocked
+
+
 def plan(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, Any]:
-    """What `--dry-run` prints: the normalised request and the sandbox it would get."""
+    """What `--dry-run` prints: the normalised request, the sandbox it would get, and the
+    verdict of the checks the run makes before it starts one (an error, as the run's, or
+    `blocked` with its reason)."""
     from .profile import with_overrides
 
     prof = _profile(profile)
     try:
         eff = with_overrides(prof, timeout=req.timeout, output=OUTPUT_CAP)
-    except ProfileError as e:
-        raise PayloadError("timeout", str(e).split(": ", 2)[-1]) from None
+        argv, env, blocked = _checked(req, eff)
+    except SandboxError as e:
+        raise _payload_error(e) from None
     request = {k: v for k, v in asdict(req).items() if k not in ("prompt", "has_prompt")}
     if req.action == "run_command":
         for k in ("script", "method", "function", "statement", "args"):
@@ -438,9 +542,10 @@ def plan(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, An
     else:
         from .coderunner import SCRIPT_DIR
 
-        for k in ("command", "shell", "argv"):
+        for k in ("command", "shell"):
             request.pop(k)
         request["script_inside"] = f"{SCRIPT_DIR}/{os.path.basename(req.script or '')}"
+    request["argv"] = argv  # what runs, as the Result's command shows it (the driver's source elided)
     lim = eff.to_dict()["limits"]
     workdir = req.cwd if eff.workdir == "same" else eff.workdir
     mounts = [{"source": m.source, "target": m.target, "mode": "rw" if m.writable else "ro",
@@ -454,9 +559,13 @@ def plan(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, An
         "namespaces": list(eff.namespaces), "seccomp": eff.seccomp, "landlock": eff.landlock,
         "cgroup": eff.cgroup, "filter": {"blocklist": eff.blocklist, "block": list(eff.block),
                                          "allow": list(eff.allow), "scan": list(eff.scan)},
+        "env": env,  # the profile's, then the payload's
     }
     sandbox.update(_cgroup_here(eff, lim))
-    out: dict[str, Any] = {"dry_run": True, "action": req.action, "request": request, "sandbox": sandbox}
+    out: dict[str, Any] = {"dry_run": True, "action": req.action, "request": request, "sandbox": sandbox,
+                           "blocked": blocked is not None}
+    if blocked is not None:
+        out["block_reason"] = blocked
     _pass_prompt(out, req)
     return out
 
@@ -499,6 +608,16 @@ def _field_of(e: SandboxError) -> str:
     return "command" if "command" in head else "payload"
 
 
+def _payload_error(e: SandboxError) -> PayloadError:
+    """A core error about a payload's value, as the payload's error naming its field."""
+    if isinstance(e, PayloadError):
+        return e
+    if isinstance(e, ProfileError):  # an override the profile refuses (timeout above its max)
+        key = getattr(e, "key", "") or "payload"
+        return PayloadError(key if key in ("timeout", "env") else "payload", str(e))
+    return PayloadError(_field_of(e), str(e))
+
+
 def run_request(req: PayloadRequest, profile: str | Profile = "strict") -> dict[str, Any]:
     """Run a parsed payload; the reply dict (Result + returncode + prompt)."""
     from .cli import exit_code_for
@@ -514,13 +633,8 @@ def run_request(req: PayloadRequest, profile: str | Profile = "strict") -> dict[
 
             res = run_python(req.script or "", req.args, function=req.function, statement=req.statement,
                              profile=prof, **_overrides(req))
-    except ProfileError as e:  # an override the profile refuses (timeout above its max)
-        key = getattr(e, "key", "") or "payload"
-        raise PayloadError(key if key in ("timeout", "env") else "payload", str(e)) from None
-    except PayloadError:
-        raise
-    except InputError as e:
-        raise PayloadError(_field_of(e), str(e)) from None
+    except SandboxError as e:
+        raise _payload_error(e) from None
     out: dict[str, Any] = {"action": req.action, **res.to_dict(), "returncode": exit_code_for(res)}
     _pass_prompt(out, req)
     return out
@@ -535,8 +649,8 @@ def execute(text: str | bytes, *, profile: str | Profile = "strict", dry_run: bo
     try:
         req = parse(text, base=base, root=root)
         return plan(req, prof) if dry_run else run_request(req, prof)
-    except PayloadError as e:
-        return e.to_dict()
+    except SandboxError as e:  # (each is a PayloadError by now; any other is one about the payload too)
+        return _payload_error(e).to_dict()
 
 
 def main(argv: list[str]) -> int:
@@ -572,11 +686,14 @@ def main(argv: list[str]) -> int:
         from . import supervisor
 
         supervisor.use_direct_forker()  # single-threaded CLI: fork from here
+    # From here on, every failure is the payload's: one JSON error object on stdout, exit 2.
     reply = execute(text, profile=prof, dry_run=ns.dry_run, root=ns.root)
     print(json.dumps(reply, indent=2))
     if "error" in reply and len(reply) == 1:
         return EXIT_USAGE
-    return 0 if ns.dry_run else int(reply["returncode"])
+    if ns.dry_run:
+        return EXIT_SANDBOX if reply["blocked"] else 0  # as the run would exit, up to starting the sandbox
+    return int(reply["returncode"])
 
 
 __all__ = ["PayloadError", "PayloadRequest", "parse", "plan", "run_request", "execute", "main",

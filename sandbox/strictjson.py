@@ -36,7 +36,8 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"key {key!r} given more than once in an object")
+            shown = repr(key) if len(key) <= 80 else f"{key[:80]!r}... ({len(key)} characters)"
+            raise ValueError(f"key {shown} given more than once in an object")
         out[key] = value
     return out
 

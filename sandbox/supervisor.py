@@ -228,6 +228,32 @@ def check_size(argv: list[str], env: dict[str, str]) -> None:
                          "variable (MAX_ARG_STRLEN): pass long data on stdin or in a file")
 
 
+def prepare(prof: Profile, command: str | Sequence[str], shell: bool,
+            env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str], str | None]:
+    """What run() checks of a command before any sandbox is started (a payload's --dry-run
+    shows the same): its argv, its environment (the profile's, then `env`), the sizes and
+    UTF-8 of both (InputError), and the filter's verdict: None, or why it is blocked."""
+    argv = to_argv(command, shell)
+    full_env = build_env(prof, env)
+    check_size(argv, full_env)
+    if prof.blocklist or prof.block or prof.allow:
+        from .filter import check
+
+        cmd_text = command if isinstance(command, str) else shellwords.join(argv)
+        verdict = check(cmd_text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
+        if not verdict.allowed:
+            return argv, full_env, verdict.reason or "blocked"
+    return argv, full_env, None
+
+
+def home_in_run(env: dict[str, str], prof: Profile, workdir: str) -> dict[str, str]:
+    """`env` as the command gets it: with no private view, HOME=/tmp (the host's, shared) is
+    the run's own workdir instead."""
+    if prof.view != "private" and env.get("HOME") == "/tmp":
+        return {**env, "HOME": workdir}
+    return env
+
+
 # ---------------------------------------------------------------------------- run
 
 
@@ -414,10 +440,7 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
         from .isolation.seccomp import cached_bpf
 
         bpf = cached_bpf(prof.seccomp)
-    env = dict(req.env)
-    if view is None and env.get("HOME") == "/tmp":
-        # No private /tmp (the host's is shared by everyone): the run's home is its own workdir.
-        env["HOME"] = work.path
+    env = home_in_run(dict(req.env), prof, work.path)  # (view is None unless prof.view is "private")
     return RunPlan(
         argv=req.argv, env=env, unshare_flags=flags, pid_namespace="pid" in prof.namespaces, view=view,
         cwd=inside if view else work.path, loopback=prof.network == "none" and "net" in prof.namespaces,
@@ -1260,7 +1283,7 @@ def run(
     overrides.pop("cancel", None)
     prof = profile if isinstance(profile, Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
-    argv = to_argv(command, shell)
+    to_argv(command, shell)  # (the command's own errors first)
     if isinstance(stdin, str):
         stdin = os_bytes(stdin, "stdin")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
@@ -1269,17 +1292,11 @@ def run(
         raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
     if isinstance(cwd, str):
         os_bytes(cwd, "cwd")
-    full_env = build_env(prof, env)
-    check_size(argv, full_env)
-    cmd_text = command if isinstance(command, str) else shellwords.join(argv)
-    if prof.blocklist or prof.block or prof.allow:
-        from .filter import check
-
-        verdict = check(cmd_text, blocklist=prof.blocklist, extra_block=prof.block, allow=prof.allow)
-        if not verdict.allowed:
-            return Result(command=argv, status="blocked", blocked=True, block_reason=verdict.reason,
-                          error=verdict.reason, profile=prof.name, isolation=None,
-                          duration_ms=round((time.monotonic() - started) * 1000, 3))
+    argv, full_env, blocked = prepare(prof, command, shell, env)
+    if blocked is not None:
+        return Result(command=argv, status="blocked", blocked=True, block_reason=blocked,
+                      error=blocked, profile=prof.name, isolation=None,
+                      duration_ms=round((time.monotonic() - started) * 1000, 3))
     req = Request(argv=argv, profile=prof, cwd=os.fspath(cwd) if cwd is not None else None,
                   env=full_env, stdin=bytes(stdin) if stdin else None, stdin_fd=stdin_fd, stdin_from=stdin_from,
                   on_stdout=on_stdout, on_stderr=on_stderr, trace=trace, cgroup_slots=cgroup_slots,

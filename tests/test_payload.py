@@ -448,3 +448,205 @@ def test_function_argument_nan_reaches_the_function_as_a_string(isolated, calc: 
     d = execute(json.dumps(code(scriptPath="calc.py", method="function", args="add 1e999 -Infinity")),
                 base=str(calc.parent))
     assert d["returncode"] == 0 and d["return_value"] == "1e999-Infinity", d
+
+
+# ---------------------------------------------------------------------------- audit: home directories
+
+
+def _fake_passwd(home: Path) -> Any:
+    import pwd
+
+    real = pwd.getpwall()
+    return lambda: [*real, pwd.struct_passwd(("someone", "x", 4242, 4242, "", str(home), "/bin/sh"))]
+
+
+@pytest.mark.parametrize("how", ["HOME", "passwd", "holds-a-home", "dotfile"])
+def test_workdir_is_never_a_home_directory(how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run from a home directory, `echo KEY >> .ssh/authorized_keys; echo pwned >> .bashrc` changed
+    both host files: the default ./ was the home, and the hidden-directory rule only looked at the
+    path as written."""
+    import pwd
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("# mine\n")
+    base = home
+    if how == "passwd":
+        monkeypatch.setattr(pwd, "getpwall", _fake_passwd(home))
+        (home / ".bashrc").unlink()
+    elif how == "HOME":
+        monkeypatch.setenv("HOME", str(home))
+        (home / ".bashrc").unlink()
+    elif how == "holds-a-home":  # /home itself: every user's dotfiles below it
+        monkeypatch.setenv("HOME", str(home))
+        base = tmp_path
+    payload = json.dumps(cmd("echo pwned >> .bashrc"))
+    for dry_run in (True, False):
+        d = execute(payload, base=str(base), dry_run=dry_run)
+        assert list(d) == ["error"] and d["error"]["field"] == "cwd", d
+        assert "home directory" in d["error"]["message"] and "--root" in d["error"]["message"], d
+    assert not (home / ".bashrc").exists() or (home / ".bashrc").read_text() == "# mine\n"
+    d = execute(json.dumps(code(scriptPath="calc.py")), base=str(base), dry_run=True)
+    assert d["error"]["field"] in ("cwd", "scriptPath"), d  # a script's run gets the same workdir
+
+
+@pytest.mark.parametrize("name", [".ssh", ".gnupg", ".aws", ".config", ".bashrc", ".profile", ".netrc",
+                                  ".git-credentials"])
+def test_workdir_holding_credentials_or_login_files_is_refused(name: str, tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / name).mkdir() if not name.startswith((".bash", ".pro", ".net", ".git")) else (proj / name).write_text("")
+    for payload in (cmd("ls"), cmd("ls", cwd=".")):
+        d = execute(json.dumps(payload), base=str(proj), dry_run=True)
+        assert d["error"]["field"] == "cwd" and name in d["error"]["message"], d
+    (tmp_path / "proj" / "src").mkdir()  # a project directory below it is fine
+    d = execute(json.dumps(cmd("ls", cwd="src")), base=str(proj), dry_run=True)
+    assert d["request"]["cwd"] == str(proj / "src"), d
+
+
+# ---------------------------------------------------------------------------- audit: an honest dry run
+
+
+@pytest.mark.parametrize(("command", "words"), [
+    ("echo \ud800", "surrogate"),
+    ("echo " + "a" * 200_000, "MAX_ARG_STRLEN"),
+], ids=["lone-surrogate", "over-max-arg-strlen"])
+def test_dry_run_refuses_what_the_run_refuses(command: str, words: str, tmp_path: Path) -> None:
+    for dry_run in (False, True):
+        d = execute(json.dumps(cmd(command)), base=str(tmp_path), dry_run=dry_run)
+        assert list(d) == ["error"] and d["error"]["field"] == "command", (dry_run, d)
+        assert words in d["error"]["message"], d
+
+
+def test_dry_run_shows_the_filters_verdict(isolated, tmp_path: Path) -> None:
+    real = execute(json.dumps(cmd("rm -rf /")), base=str(tmp_path))
+    assert real["status"] == "blocked"
+    rc, d = cli(cmd("rm -rf /"), "--dry-run", cwd=tmp_path)
+    assert rc == 125 and d["dry_run"] and d["blocked"] is True, (rc, d)
+    assert d["block_reason"] == real["block_reason"], d
+    rc, d = cli(cmd("ls"), "--dry-run", cwd=tmp_path)
+    assert rc == 0 and d["blocked"] is False and "block_reason" not in d, d
+
+
+@pytest.mark.parametrize("profile", ["strict", "nested"])  # nested: no private /tmp, HOME is the workdir
+def test_dry_run_shows_the_real_argv_and_environment(profile: str, isolated, calc: Path) -> None:
+    base = str(calc.parent)
+    text = json.dumps(code(scriptPath="calc.py", method="function", args="add 1 2", env='{"K": "V"}'))
+    dry, real = execute(text, base=base, dry_run=True, profile=profile), execute(text, base=base, profile=profile)
+    if profile == "nested":  # no private view to bind the script into: refused, dry run or not
+        assert list(real) == list(dry) == ["error"] and dry["error"]["field"] == real["error"]["field"], (dry, real)
+        assert "no private view" in real["error"]["message"] and "no private view" in dry["error"]["message"]
+    else:
+        assert real["return_value"] == 3
+        assert dry["request"]["argv"] == real["command"], (dry["request"], real["command"])
+        assert dry["request"]["argv"][:3] == ["python3", "-c", "<sandboxrun driver>"]
+    ws = calc.parent / "ws"
+    ws.mkdir()
+    if profile == "nested" and os.geteuid() == 0:
+        os.chown(ws, 65534, 65534)  # (nested runs as its workdir's owner: never root)
+    text = json.dumps(cmd("env", env='{"K": "V", "PATH": "/bin"}', cwd="ws"))
+    dry, real = execute(text, base=base, dry_run=True, profile=profile), execute(text, base=base, profile=profile)
+    shown = dict(line.split("=", 1) for line in real["stdout"].splitlines())
+    assert dry["sandbox"]["env"]["K"] == "V" and dry["sandbox"]["env"]["PATH"] == "/bin"
+    assert {k: shown[k] for k in dry["sandbox"]["env"]} == dry["sandbox"]["env"], (dry["sandbox"]["env"], shown)
+
+
+# ---------------------------------------------------------------------------- audit: what the reply echoes
+
+
+def _readable(d: dict[str, Any]) -> str:
+    return json.dumps(d, ensure_ascii=False).encode().decode()  # a lone surrogate raises here
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    (cmd("ls") | {"sequential": {"prompt": "\ud800"}}, "sequential.prompt"),
+    (cmd("ls") | {"sequential": {"prompt": {"a": ["ok", {"\udc80": 1}]}}}, "sequential.prompt"),
+    (cmd("ls", description="list \ud800"), "description"),
+    ({"action": "run_command", "properties": [{"name": "command", "value": "ls"}, {"name": "\ud800", "value": "x"}]},
+     None),
+    ({"action": "run_command", "\ud800": 1, "properties": []}, None),
+], ids=["prompt", "prompt-key", "description", "property-name", "top-level-key"])
+def test_lone_surrogate_is_never_echoed(payload: dict[str, Any], field: str | None, tmp_path: Path) -> None:
+    for dry_run in (True, False):
+        d = execute(json.dumps(payload), base=str(tmp_path), dry_run=dry_run)
+        assert list(d) == ["error"], d
+        _readable(d)
+        if field:
+            assert d["error"]["field"] == field and "surrogate" in d["error"]["message"], d
+
+
+HUGE = "x" * (1 << 20)
+
+
+@pytest.mark.parametrize("payload", [
+    {"action": "run_command", "properties": [{"name": HUGE, "value": "x"}]},
+    {"action": HUGE, "properties": []},
+    {"action": "run_command", HUGE: 1, "properties": []},
+    {"action": "run_command", "properties": [{"name": "command", "value": "ls", HUGE: 1}]},
+    cmd("ls", timeout=HUGE),
+    cmd("ls", timeout="9" * 500_000),
+    cmd("ls", shelltype=HUGE),
+    cmd("ls", shell=HUGE),
+    cmd("ls", cwd=HUGE),
+    cmd("ls", cwd="/" + HUGE),
+    cmd("ls", env=json.dumps({HUGE + "=": "v"})),
+    cmd("ls", env=json.dumps({"A" + HUGE: 1})),
+    cmd("ls", env=f'{{"{HUGE}": "a", "{HUGE}": "b"}}'),
+    code(scriptPath=HUGE),
+    code(scriptPath="./", fileName=HUGE),
+    code(scriptPath="calc.py", fileName=HUGE),
+    code(scriptPath="calc.py", method=HUGE),
+    code(scriptPath="calc.py", method="function", args=HUGE + "-"),
+], ids=["property-name", "action", "top-level-key", "property-key", "timeout", "timeout-digits", "shelltype",
+        "shell", "cwd", "cwd-absolute", "env-name", "env-value", "env-key-twice", "scriptPath", "fileName-dir",
+        "fileName", "method", "function-name"])
+def test_error_echoes_a_short_prefix_of_a_huge_value(payload: dict[str, Any], calc: Path) -> None:
+    d = execute(json.dumps(payload), base=str(calc.parent), dry_run=True)
+    assert list(d) == ["error"], str(d)[:300]
+    assert len(json.dumps(d)) < 600, str(d)[:600]
+
+
+# ---------------------------------------------------------------------------- audit: a property given twice
+
+
+@pytest.mark.parametrize("first", [{"name": "command"}, {"name": "command", "value": "  "}])
+def test_given_more_than_once_counts_an_absent_or_blank_first(first: dict[str, Any], tmp_path: Path) -> None:
+    payload = {"action": "run_command", "properties": [first, {"name": "command", "value": "echo second"}]}
+    d = execute(json.dumps(payload), base=str(tmp_path), dry_run=True)
+    assert d["error"]["field"] == "command" and "more than once" in d["error"]["message"], d
+    payload["properties"] = [{"name": "command", "value": "ls"}, {"name": "cwd", "value": ""},
+                             {"name": "cwd", "value": "/"}]
+    d = execute(json.dumps(payload), base=str(tmp_path), dry_run=True)
+    assert d["error"]["field"] == "cwd" and "more than once" in d["error"]["message"], d
+
+
+def test_null_value_is_a_broken_payload(tmp_path: Path) -> None:
+    """README: a non-string value is a broken payload; null was taken as the property not given."""
+    payload = {"action": "run_command", "properties": [{"name": "command", "value": None},
+                                                       {"name": "command", "value": "echo second"}]}
+    d = execute(json.dumps(payload), base=str(tmp_path), dry_run=True)
+    assert d["error"]["field"] == "command" and "got null" in d["error"]["message"], d
+
+
+# ---------------------------------------------------------------------------- audit: errors on stdout
+
+
+def test_deleted_current_directory_is_a_json_error(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -m sandbox payload --dry-run', "sh",
+                        str(gone), sys.executable], input=json.dumps(cmd("ls")).encode(), capture_output=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr == b"", r
+    d = json.loads(r.stdout)
+    assert d["error"]["field"] == "cwd" and "no longer exists" in d["error"]["message"], d
+
+
+def test_dry_run_shows_the_content_scans_verdict(calc: Path, tmp_path: Path) -> None:
+    prof = tmp_path / "scan.toml"
+    prof.write_text('extends = "strict"\nname = "scanned"\n[filter]\nscan = ["os\\\\.system"]\n')
+    text = json.dumps(code(scriptPath="calc.py", method="statement", args="os.system('id')"))
+    real = execute(text, base=str(calc.parent), profile=str(prof))
+    dry = execute(text, base=str(calc.parent), profile=str(prof), dry_run=True)
+    assert real["status"] == "blocked" and dry["blocked"] is True, dry
+    assert dry["block_reason"] == real["block_reason"] and dry["request"]["argv"] == real["command"], (dry, real)
