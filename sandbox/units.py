@@ -116,4 +116,4 @@ def format_size(n: int | None) -> str:
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
-    return str(n)
+    return f"{n}B"  # ("output limit of 10" read as a count of something)

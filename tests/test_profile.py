@@ -9,7 +9,7 @@ import pytest
 
 from sandbox.errors import ProfileError
 from sandbox.profile import builtin_names, load, with_overrides
-from sandbox.units import parse_duration, parse_size
+from sandbox.units import format_size, parse_duration, parse_size
 
 
 def test_builtins_load() -> None:
@@ -177,6 +177,13 @@ def test_units() -> None:
     for bad in ("-1", "1 parsec", "", True):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_sizes_are_written_with_their_unit() -> None:
+    # 10 bytes read "10" ("output limit of 10"): a bare number, whose unit the reader guessed.
+    for n, text in ((10, "10B"), (0, "0B"), (1536, "1536B"), (1024, "1KiB"), (3 * 2**20, "3MiB"), (2**30, "1GiB"),
+                    (None, "unlimited")):
+        assert format_size(n) == text and (n is None or parse_size(text) == n)
 
 
 def test_units_read_numbers_as_the_regex_they_replace() -> None:
