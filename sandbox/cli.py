@@ -334,6 +334,33 @@ def _passes_stdin() -> bool:
     return True
 
 
+def stdin_file_input(given: str, what: str = "--stdin-file") -> dict[str, int]:
+    """--stdin-file, as `< F` gives it: a regular file is handed to the command (opened here,
+    read-only: an fd of no one else's); a FIFO is waited on until a writer opens it, as the
+    shell does (its O_NONBLOCK open read EOF at once: nothing), then copied in as a pipe on
+    our stdin is; a device is refused by name. Ctrl-C ends the wait."""
+    import stat
+
+    from .hostpaths import open_for_reading
+
+    fd = open_for_reading(given, what)  # no planted link followed; O_NONBLOCK: a FIFO's open never waits
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+            handed, fd = fd, -1  # (not closed below)
+            return {"stdin_fd": handed}
+        if stat.S_ISFIFO(mode):
+            try:  # the FIFO the walk checked (its fd), not whatever the path names now; blocking
+                return {"stdin_from": os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)}
+            except OSError as e:
+                raise InputError(f"{what}: {given}: {e.strerror}") from None
+        raise InputError(f"{what}: {given}: a device, not a file or a FIFO: give its data through a pipe")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def cmd_run(argv: list[str], explicit: bool = False) -> int:
     """`sandboxrun [run] ...`; `explicit`: the word `run` was given, so CMD is no mistyped subcommand."""
     ns, cmd = _parse_run(argv)
@@ -356,10 +383,7 @@ def cmd_run(argv: list[str], explicit: bool = False) -> int:
 
     supervisor.use_direct_forker()
     if ns.stdin_file is not None:
-        from .hostpaths import open_for_reading
-
-        kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")  # no planted link followed
-        os.set_blocking(kw["stdin_fd"], True)
+        kw.update(stdin_file_input(ns.stdin_file))
     elif _passes_stdin():
         kw["stdin_from"] = 0  # copied in: `echo x | sandboxrun -- cat` as with any wrapper command
     if not ns.json:

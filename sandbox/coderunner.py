@@ -445,10 +445,9 @@ def main(argv: list[str]) -> int:
         args = [_cli_value(a) for a in args]
     kw = run_kwargs(ns)
     if ns.stdin_file is not None:
-        from .hostpaths import open_for_reading
+        from .cli import stdin_file_input
 
-        kw["stdin_fd"] = open_for_reading(ns.stdin_file, "--stdin-file")
-        os.set_blocking(kw["stdin_fd"], True)
+        kw.update(stdin_file_input(ns.stdin_file))
     else:
         from .cli import _passes_stdin
 

@@ -32,7 +32,7 @@ from .plan import PARENT_GONE, SANDBOX_UID, STEPS, RunPlan
 from .profile import Profile
 from .record import field, record, replace
 from .result import Isolation, Result, Usage
-from .stdin import FileCopy, StdinSource, check_stream, write_no_sigpipe
+from .stdin import FileCopy, StdinSource, check_stream, give_back, write_no_sigpipe
 from .workdir import Workdir, run_uid
 
 TYPE_CHECKING = False  # typing costs ~5 ms to import; annotations here are strings anyway
@@ -652,6 +652,13 @@ def execute(req: Request) -> Result:
                                                    netns_parent, cg_dir))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
+        # A regular file's copy gives back what the command did not read: what is left in
+        # its pipe at the end is seen through a read end of our own (the copy then never
+        # meets EPIPE: it waits, with room for nothing more, until the run is over).
+        probe = os.dup(in_r) if stdin_w >= 0 and req.stdin_from is not None and \
+            stat.S_ISREG(os.fstat(req.stdin_from).st_mode) else -1
+        if probe >= 0:
+            opened.append(probe)
         # Only the child may hold the write ends now, so EOF means it is gone.
         for fd in (out_w, err_w, rep_w, *cg_fds, *([cg_dir] if cg_dir >= 0 else []),
                    *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
@@ -671,12 +678,14 @@ def execute(req: Request) -> Result:
             out_r = req.pty_master
         if stdin_w >= 0:
             opened.remove(stdin_w)  # _supervise closes it (once) when stdin is written
+        if probe >= 0:
+            opened.remove(probe)  # _supervise's too
         for fd in (out_r, err_r, rep_r):
             if fd in opened:
                 opened.remove(fd)  # _supervise owns them now
         try:
             res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started,
-                             own_tree=not plan.pid_namespace)
+                             own_tree=not plan.pid_namespace, probe=probe)
         finally:
             for fd in {out_r, err_r, rep_r} - {req.pty_master}:
                 os.close(fd)
@@ -941,7 +950,7 @@ def _end_now(launched: Launched, cg: cgroups.RunCgroup | None, own_tree: bool, r
 
 
 def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: int, stdin_w: int,
-               cg: cgroups.RunCgroup | None, started: float, *, own_tree: bool = False) -> Result:
+               cg: cgroups.RunCgroup | None, started: float, *, own_tree: bool = False, probe: int = -1) -> Result:
     prof = req.profile
     lim = prof.limits
     out = Capture(lim.output, req.on_stdout, forward_all=req.forward_all)
@@ -964,9 +973,9 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     stdin_data = memoryview(req.stdin or b"")
     source: StdinSource | None = None
     file_copy: FileCopy | None = None
-    if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
+    if probe >= 0:  # (a regular file: see execute)
         try:
-            file_copy, stdin_w = FileCopy(req.stdin_from, stdin_w), -1
+            file_copy, stdin_w, probe = FileCopy(req.stdin_from, stdin_w, probe), -1, -1
         except RuntimeError:
             pass  # no thread in this process: read here (StdinSource), as a file is always ready
     if stdin_w >= 0 and req.stdin_from is not None:
@@ -1099,13 +1108,17 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     finally:
         sel.close()
         if source is not None:
-            source.restore()
+            source.close()
         if stdin_w >= 0:
             os.close(stdin_w)
         if exited_at is None:
             kill_run(launched.pidfd, own_tree)
         if file_copy is not None:
-            file_copy.wait(0.5)  # the sandbox is gone: its write fails at once, unless a read is stuck
+            file_copy.finish(0.5)  # the sandbox is gone: at once, unless a read is stuck
+        if probe >= 0:
+            if source is not None:  # a file read here: what the command did not take goes back
+                give_back(source.fd, len(stdin_data), probe)
+            os.close(probe)
         if not watch_report:
             _drain_report(rep_r, report)
         rusage = launched.reap()
@@ -1307,12 +1320,27 @@ def run(
 
 
 def _check_fd(fd: Any) -> None:
+    """stdin_fd is handed to the command itself (the CLI's --stdin-file, a file it opened
+    read-only): only a regular file open for reading only, which it can neither write nor
+    open a path from. A file opened O_RDWR was written (`echo X >&0`), a pipe's write end
+    wrote into the caller's pipe, a directory fd listed the host's tree: those go through
+    stdin_from, copied through a pipe of ours."""
     if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
         raise InputError(f"stdin_fd: expected an open file descriptor (an int >= 0), got {fd!r}")
     try:
-        os.fstat(fd)
+        mode = os.fstat(fd).st_mode
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     except OSError as e:
         raise InputError(f"stdin_fd: {fd} is not an open file descriptor ({e.strerror})") from None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+    why = ("not open for reading (O_PATH)" if flags & os.O_PATH else
+           next((kind for test, kind in kinds if test(mode)), None) or
+           ("not a regular file" if not stat.S_ISREG(mode) else
+            "open for writing too" if flags & os.O_ACCMODE != os.O_RDONLY else None))
+    if why is not None:
+        raise InputError(f"stdin_fd: fd {fd} is {why}: the command is handed only a regular file open for reading "
+                         "only (O_RDONLY); give any other input as stdin_from=, copied through a pipe")
 
 
 # Set in run_async's threads: started by _thread, they have no threading.Thread, and asking

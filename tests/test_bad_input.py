@@ -588,3 +588,104 @@ def test_uid_range_variables_are_checked(env: dict[str, str], needle: str) -> No
                        env=dict(os.environ, PYTHONPATH=str(ROOT), **env), cwd=ROOT)
     assert p.returncode == 2 and p.stdout == b"", p
     assert_clean_error(p.stderr, needle)
+
+
+def test_stdin_fd_is_only_a_file_open_for_reading_only(isolated, tmp_path) -> None:
+    """stdin_fd hands the fd itself to the command: a file opened O_RDWR was written
+    (`echo X >&0`), a pipe's write end wrote into the caller's pipe, a directory fd listed the
+    host's directory. Only a regular file open for reading only is handed over; the rest is
+    refused by name (stdin_from copies it through a pipe of ours)."""
+    f = tmp_path / "f"
+    f.write_bytes(b"hello\n")
+    r, w = os.pipe()
+    fds = {"rdwr": os.open(f, os.O_RDWR), "path": os.open(f, os.O_PATH), "dir": os.open(tmp_path, os.O_RDONLY),
+           "pipe-r": r, "pipe-w": w}
+    try:
+        for kind, why in (("rdwr", "open for writing too"), ("path", "not open for reading"),
+                          ("dir", "a directory"), ("pipe-r", "a pipe"), ("pipe-w", "a pipe")):
+            fd = fds[kind]
+            with pytest.raises(SandboxError, match=f"^stdin_fd: fd {fd} is {why}.*stdin_from="):
+                sandbox.run("cat; echo X >&0", shell=True, stdin_fd=fd, timeout="5s")
+        assert f.read_bytes() == b"hello\n"
+        ro = os.open(f, os.O_RDONLY)
+        try:
+            res = sandbox.run("cat; echo X >&0", shell=True, stdin_fd=ro)
+        finally:
+            os.close(ro)
+        assert res.stdout == "hello\n" and f.read_bytes() == b"hello\n", res
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_a_file_given_as_stdin_from_is_left_where_the_command_stopped_reading(isolated, tmp_path, monkeypatch,
+                                                                               threads) -> None:
+    # The copy reads a chunk ahead and fills the pipe: the caller's offset was left up to
+    # 128 KiB past what the command read. What it did not take is given back (a seek).
+    f = tmp_path / "nums"
+    f.write_text("".join(f"{i}\n" for i in range(1, 100_001)))
+    if not threads:  # a process that cannot start one reads the file in its loop
+        import _thread
+
+        def refuse(*_: object) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(_thread, "start_new_thread", refuse)
+    with open(f, "rb") as src:
+        # (`read` takes a pipe a byte at a time; head -n1 would take a block, 8 KiB, as it
+        # does of any pipe: only a file of its own could it seek back in.)
+        for cmd, at in (("read -r x", 2), ("true", 0), ("head -c 70000 >/dev/null", 70_000),
+                        ("head -c 200000 >/dev/null", 200_000)):
+            src.seek(0)
+            res = sandbox.run(cmd, shell=True, stdin_from=src.fileno())
+            assert res.status == "ok" and os.lseek(src.fileno(), 0, os.SEEK_CUR) == at, (cmd, res)
+        src.seek(0)
+        res = sandbox.run("cat", stdin_from=src.fileno())  # all of it: the offset is at the end
+        assert res.status == "ok" and os.lseek(src.fileno(), 0, os.SEEK_CUR) == f.stat().st_size
+
+
+def test_stdin_from_a_pipe_leaves_its_flags_as_they_were_during_the_run(isolated) -> None:
+    # O_NONBLOCK was set on the caller's open file description (shared with every holder of
+    # the pipe: a shell's other commands saw EAGAIN) for the whole run.
+    import threading
+
+    r, w = os.pipe()
+    seen: list[bool] = []
+    t = threading.Thread(target=lambda: (time.sleep(0.3), os.write(w, b"data\n"), os.close(w)))
+    t.start()
+    try:
+        res = sandbox.run(["sh", "-c", "echo started; cat"], stdin_from=r,
+                          on_stdout=lambda _d: seen.append(os.get_blocking(r)))
+    finally:
+        t.join()
+        os.close(r)
+    assert res.status == "ok" and res.stdout == "started\ndata\n" and seen and all(seen), (res, seen)
+
+
+@pytest.mark.parametrize("how", ["fifo", "bounded"])
+def test_stdin_from_is_read_without_blocking_where_the_kernel_has_no_rwf_nowait_for_it(isolated, tmp_path,
+                                                                                         monkeypatch, how) -> None:
+    # A named FIFO has no RWF_NOWAIT (EOPNOTSUPP): it is read through a non-blocking
+    # description of our own; failing that (forced here), no more than FIONREAD says is there.
+    import threading
+
+    from sandbox.stdin import StdinSource
+
+    if how == "bounded":
+        monkeypatch.setattr(StdinSource, "_fallback", lambda self: "bounded", raising=False)
+    seen: list[bool] = []
+    ff = tmp_path / "ff"
+    os.mkfifo(ff)
+    r = os.open(ff, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(r, True)
+    w = os.open(ff, os.O_WRONLY)
+    t = threading.Thread(target=lambda: (time.sleep(0.3), os.write(w, b"x" * 200_000), os.close(w)))
+    t.start()
+    try:
+        res = sandbox.run(["sh", "-c", "echo started; wc -c"], stdin_from=r,
+                          on_stdout=lambda _d: seen.append(os.get_blocking(r)), timeout="20s")
+    finally:
+        t.join()
+        os.close(r)
+    assert res.status == "ok" and res.stdout.split() == ["started", "200000"] and all(seen), (res, seen)

@@ -132,7 +132,7 @@ def test_a_stdin_flood_ends_with_the_command_and_leaves_the_callers_pipe_as_it_w
         r = subprocess.run([sys.executable, "-m", "sandbox", "--timeout", "1", "--", "sleep", "10"], stdin=rfd,
                            capture_output=True, timeout=60, env=env)
         assert r.returncode == 124, r.stderr  # an unread flood holds nothing up
-        assert os.get_blocking(rfd)  # O_NONBLOCK, set for the copy, is taken off again
+        assert os.get_blocking(rfd)  # its flags are the caller's: never set for the copy
     finally:
         stop.set()
         os.close(rfd)
@@ -486,3 +486,79 @@ def test_a_sigxfsz_from_the_cli_names_the_file_size_limit() -> None:
     r = cli("--", "sh", "-c", "kill -XFSZ $$")
     assert r.returncode == 128 + 25, r.stderr
     assert b"sandboxrun: killed by SIGXFSZ, the signal a write past the file size limit of 64MiB gets" in r.stderr, r.stderr
+
+
+def test_a_file_on_stdin_is_left_where_the_command_stopped_reading(tmp_path) -> None:
+    # `{ read -r x; head -n1; } < nums` gives 2 to head: through sandboxrun it read a fragment
+    # of a much later line (the copy had read up to 128 KiB ahead of the command). (`read`
+    # takes its pipe a byte at a time; head -n1 takes a block of any pipe.)
+    f = tmp_path / "nums"
+    f.write_text("".join(f"{i}\n" for i in range(1, 100_001)))
+    exe = f"{sys.executable} -m sandbox"
+    script = f"{{ {exe} -- sh -c 'read -r x; echo \"$x\"'; head -n1; }} < {f}"
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert (r.returncode, r.stdout) == (0, "1\n2\n"), r
+
+
+def test_a_cli_killed_mid_run_leaves_the_callers_pipe_blocking() -> None:
+    # O_NONBLOCK was set on the shell's pipe and taken off in a finally: after a SIGKILL
+    # (`timeout -s KILL`) the shell's next reader got EAGAIN.
+    import signal
+
+    rfd, wfd = os.pipe()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "sandbox", "--", "sh", "-c", "echo go; sleep 30"], stdin=rfd,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        try:
+            assert p.stdout is not None and p.stdout.readline() == b"go\n"
+            assert os.get_blocking(rfd)  # while it runs, too
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.communicate(timeout=60)
+        assert os.get_blocking(rfd)
+    finally:
+        os.close(rfd)
+        os.close(wfd)
+
+
+def test_stdin_file_of_a_fifo_waits_for_its_writer(tmp_path) -> None:
+    # Opened O_NONBLOCK (never to hang on the open), it read EOF at once when no writer was
+    # there yet; `< ff` waits for one, and so does --stdin-file now (Ctrl-C ends the wait).
+    import signal
+    import time
+
+    ff = tmp_path / "ff"
+    os.mkfifo(ff)
+
+    def late_writer() -> None:
+        time.sleep(0.5)
+        for _ in range(100):  # (never blocked for good on a reader that is gone)
+            try:
+                w = os.open(ff, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader (yet)
+                time.sleep(0.1)
+                continue
+            os.write(w, b"data\n")
+            os.close(w)
+            return
+
+    t = threading.Thread(target=late_writer)
+    t.start()
+    try:
+        r = cli("--stdin-file", str(ff), "--", "sh", "-c", "cat; readlink /proc/self/fd/0")
+    finally:
+        t.join()
+    assert r.returncode == 0 and r.stdout.startswith(b"data\npipe:"), r
+    p = subprocess.Popen([sys.executable, "-m", "sandbox", "--stdin-file", str(ff), "--", "cat"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and err.endswith(b"sandboxrun: interrupted; sandbox torn down\n"), (out, err)
+
+
+def test_stdin_file_of_a_device_is_refused_by_name() -> None:
+    r = cli("--stdin-file", "/dev/zero", "--", "head", "-c", "1")
+    assert r.returncode == 2 and r.stderr.startswith(b"sandboxrun: error: --stdin-file: /dev/zero: a device"), r
