@@ -338,7 +338,7 @@ def stdin_file_input(given: str, what: str = "--stdin-file") -> dict[str, int]:
     """--stdin-file, as `< F` gives it: a regular file is handed to the command (opened here,
     read-only: an fd of no one else's); a FIFO is waited on until a writer opens it, as the
     shell does (its O_NONBLOCK open read EOF at once: nothing), then copied in as a pipe on
-    our stdin is; a device is refused by name. Ctrl-C ends the wait."""
+    our stdin is; /dev/null is no input; another device is refused by name. Ctrl-C ends the wait."""
     import stat
 
     from .hostpaths import open_for_reading
@@ -355,6 +355,8 @@ def stdin_file_input(given: str, what: str = "--stdin-file") -> dict[str, int]:
                 return {"stdin_from": os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)}
             except OSError as e:
                 raise InputError(f"{what}: {given}: {e.strerror}") from None
+        if stat.S_ISCHR(mode) and os.path.samestat(os.fstat(fd), os.stat(os.devnull)):
+            return {"stdin": b""}  # (`< /dev/null`: no input)
         raise InputError(f"{what}: {given}: a device, not a file or a FIFO: give its data through a pipe")
     finally:
         if fd >= 0:

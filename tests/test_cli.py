@@ -559,6 +559,8 @@ def test_stdin_file_of_a_fifo_waits_for_its_writer(tmp_path) -> None:
     assert p.returncode == 130 and err.endswith(b"sandboxrun: interrupted; sandbox torn down\n"), (out, err)
 
 
-def test_stdin_file_of_a_device_is_refused_by_name() -> None:
+def test_stdin_file_of_a_device_is_refused_by_name_but_dev_null_is_no_input() -> None:
     r = cli("--stdin-file", "/dev/zero", "--", "head", "-c", "1")
     assert r.returncode == 2 and r.stderr.startswith(b"sandboxrun: error: --stdin-file: /dev/zero: a device"), r
+    r = cli("--stdin-file", "/dev/null", "--", "wc", "-c")
+    assert r.returncode == 0 and r.stdout.strip() == b"0", r
