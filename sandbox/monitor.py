@@ -211,10 +211,9 @@ class Monitor:
             self.logs["stdout"] = CappedLog(self._p("stdout.log"), cap, token)
             self.logs["stderr"] = CappedLog(self._p("stderr.log"), cap, token)
             if self.req.get("stdin_file"):
-                from .hostpaths import open_for_reading
+                from .sessions import open_stdin_file
 
-                self.stdin_r = open_for_reading(self.req["stdin_file"], "stdin_file")  # the walk again: no link
-                os.set_blocking(self.stdin_r, True)
+                self.stdin_r = open_stdin_file(self.req["stdin_file"])  # the walk and checks again
                 self.stdin_note = "its stdin is a file (stdin/stdin_file at start)"
             else:
                 self.stdin_r, self.stdin_w = os.pipe2(os.O_CLOEXEC)

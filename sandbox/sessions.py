@@ -1279,9 +1279,7 @@ def start(
     if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
         raise InputError(f"stdin: expected bytes or str, got {type(stdin).__name__}")
     if stdin_file is not None:
-        from .hostpaths import open_for_reading
-
-        os.close(open_for_reading(stdin_file, "stdin_file"))  # readable, and no link in its path
+        os.close(open_stdin_file(stdin_file))  # readable, no link in its path, a file
         stdin_file = os.path.normpath(os.path.abspath(os.fspath(stdin_file)))
     prep = _prepare(command, profile, timeout, cwd, env, shell, pty, overrides)
     if os.geteuid() == 0:  # root runs lease a uid: a bad lock setting is the caller's error, named now
@@ -1455,6 +1453,25 @@ def _abandon(sdir: str) -> None:
 
 _TO_LOGS = "the output goes to the session's logs"
 # The session's monitor is a process of its own: an fd of the caller's does not reach it.
+def open_stdin_file(path: Any, what: str = "stdin_file") -> int:
+    """A session's stdin_file, opened as the command gets it (blocking, read-only, no link in
+    its path): a regular file or /dev/null. A FIFO read as empty (opened without waiting for a
+    writer, which would hold up the start) and a device would be handed over whole: refused."""
+    import stat
+
+    from .hostpaths import open_for_reading
+
+    fd = open_for_reading(path, what)
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode) and os.path.samestat(st, os.stat(os.devnull)):
+        os.set_blocking(fd, True)
+        return fd
+    os.close(fd)
+    kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+    raise InputError(f"{what}: {path}: {kind}, not a regular file: give a session's input as stdin (bytes) or "
+                     "write it to the session")
+
+
 _NO_FD = "a session's input is stdin bytes, a stdin_file by name, or Session.write"
 
 

@@ -156,6 +156,19 @@ def test_stdin_data_and_file_inputs(tmp_path: Path) -> None:
     f.write_text("from file\n")
     s2 = sandbox.start(["cat"], stdin_file=str(f))
     assert s2.wait(20).stdout == "from file\n"
+    s3 = sandbox.start(["wc", "-c"], stdin_file=os.devnull)
+    assert s3.wait(20).stdout.strip() == "0"
+
+
+def test_a_fifo_or_a_device_as_stdin_file_is_refused_by_name(tmp_path: Path) -> None:
+    # A FIFO was opened without waiting for a writer: the command read an empty stdin while
+    # the writer, still blocked, gave its data to whatever opened the FIFO next. A device
+    # (/dev/zero, a disk) was handed to the command whole.
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), ("/dev/zero", "a device")):
+        with pytest.raises(InputError, match=f"stdin_file: {path}: {kind}, not a regular file"):
+            sandbox.start(["cat"], stdin_file=str(path))
 
 
 def test_kill_stops_the_whole_sandbox(contained) -> None:
