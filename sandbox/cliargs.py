@@ -39,7 +39,7 @@ class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.
         cols = os.environ.get("COLUMNS", "")
-        super().__init__(prog, width=int(cols) if cols.isdigit() else 100)
+        super().__init__(prog, width=int(cols) if cols.isascii() and cols.isdigit() else 100)
 
 
 DEBUG_HELP = "show the traceback of an error too (same message, same exit code)"

@@ -547,7 +547,7 @@ def _error_reply(error: Exception) -> Any:
     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(code=code, message=message)))
 
 
-async def _serve_stdio(server: Any) -> None:
+async def _serve_stdio(server: Any, eof_wait: float | None = None) -> None:
     """What server.run("stdio") does, answering a malformed line with a JSON-RPC error."""
     from mcp.server.stdio import stdio_server
 
@@ -555,13 +555,14 @@ async def _serve_stdio(server: Any) -> None:
     stdin = _StdinLines()
     try:
         async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
-            await _relay(low, read, write)
+            await _relay(low, read, write, eof_wait)
     finally:
         stdin.restore()
 
 
-async def _relay(low: Any, read: Any, write: Any) -> None:
-    """The SDK's server on what the transport read, each line it could not parse answered."""
+async def _relay(low: Any, read: Any, write: Any, eof_wait: float | None = None) -> None:
+    """The SDK's server on what the transport read, each line it could not parse answered.
+    At the end of the input it waits for the calls under way, `eof_wait` seconds at most."""
     import anyio
 
     inner_send, inner_read = anyio.create_memory_object_stream[Any](0)
@@ -581,11 +582,23 @@ async def _relay(low: Any, read: Any, write: Any) -> None:
                     await inner_send.send(item)
             # The end of the input: the calls under way are answered before the SDK hears of it
             # (mcp 2.x answered each "Connection closed" and cancelled it, its sandbox killed).
-            await answers.all()
+            with anyio.move_on_after(eof_wait):  # (a bound: a call the SDK would never answer)
+                await answers.all()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(forward)
         await low.run(inner_read, answers, low.create_initialization_options())
+
+
+def _same_id(rid: Any) -> Any:
+    """An id as the SDK matches it ("7" is 7: its coerce_request_id), None for what is none
+    (true would have matched 1, and 1.0 too, where the SDK takes neither for an id)."""
+    if isinstance(rid, str):
+        try:
+            return int(rid)
+        except ValueError:
+            return rid
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
 
 
 def _message(item: Any) -> Any:
@@ -606,12 +619,14 @@ class _Answers:
         msg = _message(item)
         method, rid = getattr(msg, "method", None), getattr(msg, "id", None)
         if method is not None and rid is not None:
+            rid = _same_id(rid)
             self._open[rid] = self._open.get(rid, 0) + 1
         elif method == "notifications/cancelled":
             params = getattr(msg, "params", None)
             self._done(params.get("requestId") if isinstance(params, dict) else None)
 
     def _done(self, rid: Any) -> None:
+        rid = _same_id(rid)
         if rid is not None and self._open.get(rid):
             self._open[rid] -= 1
             if not self._open[rid]:
@@ -646,8 +661,8 @@ class _Answers:
         return getattr(self._write, name)
 
 
-def serve(server: Any) -> None:
-    """Serve over stdio until the end of the input."""
+def serve(server: Any, eof_wait: float | None = None) -> None:
+    """Serve over stdio until the end of the input (and the calls under way, `eof_wait` s at most)."""
     try:
         import anyio
         from mcp.server.stdio import stdio_server  # noqa: F401
@@ -667,7 +682,7 @@ def serve(server: Any) -> None:
     if own:
         signal.signal(signal.SIGINT, _interrupt)
     try:
-        anyio.run(_serve_stdio, server)
+        anyio.run(_serve_stdio, server, eof_wait)
     finally:
         if own:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -682,6 +697,13 @@ def _client_gone(error: BaseException) -> bool:
     if isinstance(error, BaseExceptionGroup):
         return all(_client_gone(e) for e in error.exceptions)
     return isinstance(error, BrokenPipeError)
+
+
+def _eof_wait(prof: Profile) -> float | None:
+    """How long the calls under way may take once the input has ended: the longest a run may
+    last (its timeout's cap, its grace, a margin); None where the profile caps no timeout."""
+    lim = prof.limits
+    return None if lim.max_timeout is None else lim.max_timeout + lim.kill_grace + 30
 
 
 def _workspace(workspace: str | None, what: str = "--workspace") -> str | None:
@@ -746,7 +768,7 @@ def main(argv: list[str]) -> int:
     ended_early: str | None = None  # why it ended before its input did
     steady = _Uninterrupted()  # a second signal must not cut short the removal of its sessions
     try:
-        serve(server)  # stdout is the protocol channel: nothing else may print there
+        serve(server, _eof_wait(prof))  # stdout is the protocol channel: nothing else may print there
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
         ended_early = ""
     except Exception as e:

@@ -49,8 +49,8 @@ _SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/
                  "/proc", "/sys", "/run", "/var/lib", "/var/log")
 # Nor a home directory: what a workdir holding one of these would hand the model (keys and
 # tokens, or a shell's start-up files, which run at the next login).
-HOME_FILES = (".ssh", ".gnupg", ".aws", ".kube", ".docker", ".netrc", ".git-credentials", ".config", ".bashrc",
-              ".bash_profile", ".bash_login", ".profile", ".zshrc", ".zshenv", ".zprofile")
+HOME_FILES = (".ssh", ".gnupg", ".aws", ".netrc", ".git-credentials", ".bashrc", ".bash_profile", ".bash_login",
+              ".profile", ".zshrc", ".zshenv", ".zprofile")  # (not .config, .docker, .kube: projects hold those too)
 _SHOWN = 80  # characters of a payload's value that an error message shows
 _MESSAGE = 1000  # characters of an error message at most: no value of up to 16 MiB comes back whole
 
@@ -514,7 +514,9 @@ def _checked(req: PayloadRequest, eff: Profile) -> tuple[list[str], dict[str, st
         if blocked is None:  # (the content scan's block comes first: then nothing else is checked)
             from .profile import with_overrides
 
-            eff = with_overrides(eff, ro_bind=[f"{req.script}:{target}"])  # as run_python binds its copy
+            # as run_python binds its copy (a path of its own, with no ':' in it, which would split
+            # "SRC:DST": the script's may have one): a stand-in source, for the same checks
+            eff = with_overrides(eff, ro_bind=[f"{os.devnull}:{target}"])
             _, env, blocked = prepare(eff, full, False, req.env or None)
         else:
             from .supervisor import build_env

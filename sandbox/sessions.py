@@ -267,7 +267,7 @@ def _starter_writes(sdir: str) -> bool | None:
     return None
 
 
-_INIT_NAMES = (b"sandboxrun-init", b"sandboxrun-stage")  # what a sandbox's init calls itself (comm)
+_INIT_NAMES = (b"sandboxrun-init",)  # what a sandbox's init calls itself (comm: both launchers name it so)
 
 
 def _sandbox_init(proc_fd: int) -> bool:
@@ -1324,14 +1324,22 @@ def _create(root: str, name: str | None, names_lock: int, prep: Any, stdin: byte
         sdir = os.path.join(root, sid)
         try:
             os.mkdir(sdir, 0o700)
-            folder_lock = os.open(sdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            fcntl.flock(folder_lock, fcntl.LOCK_EX)  # held until meta.json is written (see state)
-            break
         except FileExistsError:
             continue
         except OSError as e:  # /proc, /sys, a read-only mount: a directory, but not one for files
             raise SandboxError(f"state directory {root}: cannot create a session folder: {e.strerror} "
                                "(set SANDBOXRUN_STATE_DIR)") from None
+        try:
+            folder_lock = os.open(sdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(folder_lock, fcntl.LOCK_EX)  # held until meta.json is written (see state)
+            break
+        except BaseException as e:  # (EMFILE, Ctrl-C): neither the folder nor its fd is left
+            if folder_lock >= 0:
+                os.close(folder_lock)
+            _abandon(sdir)
+            if isinstance(e, OSError):
+                raise SandboxError(f"state directory {root}: cannot lock a session folder: {e.strerror}") from None
+            raise
     else:
         raise SandboxError(f"cannot create a session folder in {root}")
     try:
@@ -1452,7 +1460,8 @@ def _abandon(sdir: str) -> None:
 
 
 _TO_LOGS = "the output goes to the session's logs"
-# The session's monitor is a process of its own: an fd of the caller's does not reach it.
+
+
 def open_stdin_file(path: Any, what: str = "stdin_file") -> int:
     """A session's stdin_file, opened as the command gets it (blocking, read-only, no link in
     its path): a regular file or /dev/null. A FIFO read as empty (opened without waiting for a
@@ -1472,6 +1481,7 @@ def open_stdin_file(path: Any, what: str = "stdin_file") -> int:
                      "write it to the session")
 
 
+# The session's monitor is a process of its own: an fd of the caller's does not reach it.
 _NO_FD = "a session's input is stdin bytes, a stdin_file by name, or Session.write"
 
 

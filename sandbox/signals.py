@@ -53,4 +53,4 @@ def number(name: str) -> int | None:
     if found is not None:
         return found
     digits = name[3:] if name.startswith("SIG") else ""
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None

@@ -144,8 +144,13 @@ class FileCopy:
         self._src = os.dup(fd)
         self._dst = stdin_w  # the thread's once it runs: closed by it
         self._probe = probe  # likewise
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)  # closing _stop_w: the run is over
-        self._late = False
+        try:
+            self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)  # closing _stop_w: the run is over
+        except BaseException:
+            os.close(self._src)
+            raise
+        self._late = False  # the run has returned: nothing is given back (under _giving)
+        self._giving = _thread.allocate_lock()
         self._done = _thread.allocate_lock()
         self._done.acquire()
         try:
@@ -187,8 +192,9 @@ class FileCopy:
             finally:
                 os.close(self._dst)  # EOF for the command
             self._over(None)  # only then is what is left in the pipe unread for good
-            if not self._late:
-                give_back(self._src, held, self._probe)
+            with self._giving:  # (a give-back never lands after finish() has let the run return)
+                if not self._late:
+                    give_back(self._src, held, self._probe)
         finally:
             for fd in (self._src, self._probe, self._stop_r):
                 os.close(fd)
@@ -202,7 +208,8 @@ class FileCopy:
         if self._done.acquire(True, timeout):
             self._done.release()
         else:
-            self._late = True
+            with self._giving:  # (a give-back under way ends first: an lseek)
+                self._late = True
 
 
 def unread_in(fd: int) -> int:

@@ -655,10 +655,13 @@ def execute(req: Request) -> Result:
         # A regular file's copy gives back what the command did not read: what is left in
         # its pipe at the end is seen through a read end of our own (the copy then never
         # meets EPIPE: it waits, with room for nothing more, until the run is over).
-        probe = os.dup(in_r) if stdin_w >= 0 and req.stdin_from is not None and \
-            stat.S_ISREG(os.fstat(req.stdin_from).st_mode) else -1
-        if probe >= 0:
-            opened.append(probe)
+        probe = -1
+        if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
+            try:
+                probe = os.dup(in_r)
+                opened.append(probe)
+            except OSError:  # (EMFILE: the run goes on, without the give-back)
+                probe = -1
         # Only the child may hold the write ends now, so EOF means it is gone.
         for fd in (out_w, err_w, rep_w, *cg_fds, *([cg_dir] if cg_dir >= 0 else []),
                    *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
@@ -976,7 +979,7 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
     if probe >= 0:  # (a regular file: see execute)
         try:
             file_copy, stdin_w, probe = FileCopy(req.stdin_from, stdin_w, probe), -1, -1
-        except RuntimeError:
+        except (RuntimeError, OSError):  # (OSError: EMFILE, before the loop's own clean-up is in place)
             pass  # no thread in this process: read here (StdinSource), as a file is always ready
     if stdin_w >= 0 and req.stdin_from is not None:
         source = StdinSource(req.stdin_from)
@@ -1333,7 +1336,7 @@ def _check_fd(fd: Any) -> None:
     except OSError as e:
         raise InputError(f"stdin_fd: {fd} is not an open file descriptor ({e.strerror})") from None
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
     why = ("not open for reading (O_PATH)" if flags & os.O_PATH else
            next((kind for test, kind in kinds if test(mode)), None) or
            ("not a regular file" if not stat.S_ISREG(mode) else

@@ -618,20 +618,27 @@ def test_stdin_fd_is_only_a_file_open_for_reading_only(isolated, tmp_path) -> No
             os.close(fd)
 
 
-@pytest.mark.parametrize("threads", [True, False])
+@pytest.mark.parametrize("threads", ["yes", "no", "no fds"])
 def test_a_file_given_as_stdin_from_is_left_where_the_command_stopped_reading(isolated, tmp_path, monkeypatch,
                                                                                threads) -> None:
     # The copy reads a chunk ahead and fills the pipe: the caller's offset was left up to
     # 128 KiB past what the command read. What it did not take is given back (a seek).
     f = tmp_path / "nums"
     f.write_text("".join(f"{i}\n" for i in range(1, 100_001)))
-    if not threads:  # a process that cannot start one reads the file in its loop
+    if threads == "no":  # a process that cannot start one reads the file in its loop
         import _thread
 
         def refuse(*_: object) -> None:
             raise RuntimeError("can't start new thread")
 
         monkeypatch.setattr(_thread, "start_new_thread", refuse)
+    if threads == "no fds":  # EMFILE making the copy's pipe: an OSError out of run(), the sandbox left running
+        from sandbox import supervisor
+
+        def no_fds(*_: object) -> None:
+            raise OSError(24, "Too many open files")  # EMFILE
+
+        monkeypatch.setattr(supervisor, "FileCopy", no_fds)
     with open(f, "rb") as src:
         # (`read` takes a pipe a byte at a time; head -n1 would take a block, 8 KiB, as it
         # does of any pipe: only a file of its own could it seek back in.)

@@ -821,6 +821,12 @@ def test_a_name_with_other_digits_than_ascii_is_nobodys_run(tmp_path: Path, isol
 
     assert not cgroups.owner_is_gone("²-x") and not cgroups.owner_is_gone("١٢-n1-t2-3")
     assert cgroup_owner("/sys/fs/cgroup/pids/sandboxrun-²-1") is None
+    from sandbox import signals
+
+    assert signals.number("SIG²") is None and signals.number("SIG9") == 9
+    r = subprocess.run([sys.executable, "-m", "sandbox", "--help"], capture_output=True, timeout=60,
+                       env=dict(os.environ, COLUMNS="²", PYTHONPATH=str(ROOT)))  # every --help: internal error
+    assert r.returncode == 0 and b"internal error" not in r.stderr, r.stderr
     (tmp_path / "sandboxrun-²-x").mkdir()
     r = subprocess.run([sys.executable, "-m", "sandbox", "--", "true"], capture_output=True, timeout=60,
                        env=dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(ROOT)))

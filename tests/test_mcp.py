@@ -329,7 +329,7 @@ class Raw:
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   env=dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state)))
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: dict[str | None, dict[str, Any]] = {}
+        self.seen: dict[str | int | None, dict[str, Any]] = {}
         threading.Thread(target=self._read, daemon=True).start()
         self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
@@ -349,10 +349,10 @@ class Raw:
     def send(self, message: dict[str, Any]) -> None:
         self.raw(json.dumps(message).encode() + b"\n")
 
-    def call(self, rid: str, tool: str, **arguments: Any) -> None:
+    def call(self, rid: str | int, tool: str, **arguments: Any) -> None:
         self.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
 
-    def reply(self, rid: str | None, timeout: float = 30) -> dict[str, Any]:
+    def reply(self, rid: str | int | None, timeout: float = 30) -> dict[str, Any]:
         import time
 
         deadline = time.monotonic() + timeout
@@ -570,5 +570,28 @@ def test_a_name_on_disk_that_is_not_utf8_is_a_tool_error_not_the_servers_end(tmp
         assert d["result"]["isError"] is True and "\\udcff" in d["result"]["content"][0]["text"], d
         s.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
         assert "result" in s.reply("p")
+    finally:
+        s.close()
+
+
+def test_at_the_end_of_input_a_cancel_counts_by_the_id_the_sdk_matches(tmp_path: Path) -> None:
+    # The SDK takes "7" for 7 (and never answers a call it cancelled), where the count of calls
+    # to wait for did not: the server waited for ever. And true, equal to 1 as a key, took call
+    # 1 off the count though the SDK cancels nothing for it: 1 was answered "Connection closed".
+    import time
+
+    s = Raw(tmp_path)
+    try:
+        s.call(7, "run_command", command="sleep 3")
+        s.call(1, "run_command", command="sleep 1; echo done")
+        time.sleep(0.5)
+        s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "7"}})
+        s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": True}})
+        assert s.p.stdin is not None
+        s.p.stdin.close()
+        d = s.reply(1)
+        assert "result" in d and json.loads(d["result"]["content"][0]["text"])["stdout"] == "done\n", d
+        assert s.p.wait(timeout=20) == 0  # (before: for ever)
+        assert 7 not in s.seen
     finally:
         s.close()

@@ -490,8 +490,7 @@ def test_workdir_is_never_a_home_directory(how: str, monkeypatch: pytest.MonkeyP
     assert d["error"]["field"] in ("cwd", "scriptPath"), d  # a script's run gets the same workdir
 
 
-@pytest.mark.parametrize("name", [".ssh", ".gnupg", ".aws", ".config", ".bashrc", ".profile", ".netrc",
-                                  ".git-credentials"])
+@pytest.mark.parametrize("name", [".ssh", ".gnupg", ".aws", ".bashrc", ".profile", ".netrc", ".git-credentials"])
 def test_workdir_holding_credentials_or_login_files_is_refused(name: str, tmp_path: Path) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -502,6 +501,26 @@ def test_workdir_holding_credentials_or_login_files_is_refused(name: str, tmp_pa
     (tmp_path / "proj" / "src").mkdir()  # a project directory below it is fine
     d = execute(json.dumps(cmd("ls", cwd="src")), base=str(proj), dry_run=True)
     assert d["request"]["cwd"] == str(proj / "src"), d
+
+
+def test_a_project_holding_config_docker_or_kube_folders_is_no_home(tmp_path: Path) -> None:
+    # .NET repositories keep .config/dotnet-tools.json at their root; .docker and .kube are common too
+    proj = tmp_path / "proj"
+    for name in (".config", ".docker", ".kube"):
+        (proj / name).mkdir(parents=True)
+    d = execute(json.dumps(cmd("ls")), base=str(proj), dry_run=True)
+    assert d["request"]["cwd"] == str(proj), d
+
+
+def test_dry_run_of_a_script_whose_path_holds_a_colon_is_what_the_run_does(tmp_path: Path) -> None:
+    # The dry run bound the script as "SRC:DST", which split at the path's own ':' ("must be an
+    # absolute path"); the run binds a copy of its own and ran.
+    d = tmp_path / "a:b"
+    d.mkdir()
+    (d / "x.py").write_text("print(6 * 7)\n")
+    payload = {"action": "run_code_script", "properties": [{"name": "scriptPath", "value": "a:b/x.py"}]}
+    dry = execute(json.dumps(payload), base=str(tmp_path), dry_run=True)
+    assert "error" not in dry, dry
 
 
 # ---------------------------------------------------------------------------- audit: an honest dry run

@@ -922,7 +922,10 @@ static void exec_command(struct op *op) {
             siginfo_t ready;  /* which child has exited, left unreaped: the command's own CPU
                                  time is read while it is a zombie */
             ready.si_pid = 0;
-            if (waitid(P_ALL, 0, &ready, WEXITED | WNOHANG | WNOWAIT) < 0 && errno == EINTR) continue;
+            int w = waitid(P_ALL, 0, &ready, WEXITED | WNOHANG | WNOWAIT);
+            if (w < 0 && errno == EINTR) continue;
+            if (w == 0 && ready.si_pid == 0) break;  /* none has exited (not a waitpid(-1) now: it
+                                                        could reap the command unread) */
             double own = ready.si_pid == pid ? own_cpu_time(pid) : -1;
             pid_t got = ready.si_pid > 0 ? waitpid(ready.si_pid, &status, 0) : waitpid(-1, &status, WNOHANG);
             if (got < 0 && errno == EINTR) continue;
