@@ -59,7 +59,8 @@ from .sessions import (
 
 WRITE_TIMEOUT = 10.0  # a write waits this long for a command that does not read its input
 MAX_REQUEST = (MAX_WRITE + 2) // 3 * 4 + (1 << 16)  # the same, as base64 in a JSON line
-BIG_REQUEST = 4 << 20  # a request longer than this is read only while no other such one is (memory)
+BIG_REQUEST = 64 << 10  # a request longer than this is read only while no other such one is: writes (which
+# take the write lock in turn anyway) hold at most this much each while they wait (64 at 3 MiB: +250 MB)
 _DATA_KEY = b', "data": "'  # how the client sends a write's data (see _parse_request)
 START_WAIT = 20.0  # how long the starter is kept waiting for the sandbox's setup
 PASTE_ON, PASTE_OFF = b"\x1b[?2004h", b"\x1b[?2004l"

@@ -1082,6 +1082,28 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+def test_many_concurrent_writers_under_the_big_size_keep_the_monitor_small() -> None:
+    """Only requests over 4 MiB waited their turn: 32 writers of 3 MiB each held theirs at once
+    (the monitor from ~17 to ~141 MB)."""
+    import threading
+
+    s = sandbox.start(["sh", "-c", "cat > /dev/null"])
+    monitor = s.meta["monitor_pid"]
+    base = _vm_hwm(monitor)
+    data = b"x" * (2 << 20)
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(s.write(data))) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    grown = _vm_hwm(monitor) - base
+    s.write(b"", eof=True)
+    assert s.wait(20) is not None
+    assert results == [len(data)] * 24, results
+    assert grown < 24 << 20, f"the monitor grew by {grown >> 20} MiB"  # (was 54 MiB here)
+
+
 def test_concurrent_large_writes_keep_the_monitor_small() -> None:
     """Each connection buffered up to 44 MiB plus JSON and base64 copies, all at once: one
     32 MiB write took the monitor from ~17 to ~180 MB, six concurrent ones to 784 MB."""
