@@ -273,6 +273,14 @@ def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     # Not realpath: a link in the path (planted by an earlier run) is refused, not followed.
     path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
     _inside("cwd", path, given, root)
+    # First: a home holds sandboxrun's own cache too (a rootless user's stage is built there),
+    # whose refusal came first and said nothing of the home nor of what to do instead.
+    problem = _home_problem(path)
+    if problem:
+        where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
+        raise PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
+                                  "not write your keys or login files; run it in a project directory, or pass "
+                                  "--root PROJECT_DIR")
     from .hostpaths import check_writable_dir
 
     try:
@@ -282,12 +290,6 @@ def _cwd(text: str | None, base: str, root: str | None = None) -> str:
         raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, shown, 1)) from None
     if any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
         raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
-    problem = _home_problem(path)
-    if problem:
-        where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
-        raise PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
-                                  "not write your keys or login files; run it in a project directory, or pass "
-                                  "--root PROJECT_DIR")
     return path
 
 

@@ -1477,8 +1477,8 @@ def open_stdin_file(path: Any, what: str = "stdin_file") -> int:
         return fd
     os.close(fd)
     kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-    raise InputError(f"{what}: {path}: {kind}, not a regular file: give a session's input as stdin (bytes) or "
-                     "write it to the session")
+    raise InputError(f"{what}: {path}: {kind}, not a regular file: a session's input is a file, fixed data, "
+                     "or what is written to it (`sandboxrun write`, Session.write)")
 
 
 # The session's monitor is a process of its own: an fd of the caller's does not reach it.

@@ -460,7 +460,7 @@ def _fake_passwd(home: Path) -> Any:
     return lambda: [*real, pwd.struct_passwd(("someone", "x", 4242, 4242, "", str(home), "/bin/sh"))]
 
 
-@pytest.mark.parametrize("how", ["HOME", "passwd", "holds-a-home", "dotfile"])
+@pytest.mark.parametrize("how", ["HOME", "passwd", "holds-a-home", "dotfile", "holds-own-cache"])
 def test_workdir_is_never_a_home_directory(how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Run from a home directory, `echo KEY >> .ssh/authorized_keys; echo pwned >> .bashrc` changed
     both host files: the default ./ was the home, and the hidden-directory rule only looked at the
@@ -480,6 +480,12 @@ def test_workdir_is_never_a_home_directory(how: str, monkeypatch: pytest.MonkeyP
     elif how == "holds-a-home":  # /home itself: every user's dotfiles below it
         monkeypatch.setenv("HOME", str(home))
         base = tmp_path
+    elif how == "holds-own-cache":  # a rootless user's: its stage is built in ~/.cache/sandboxrun, whose
+        from sandbox import hostpaths  # refusal came first and said nothing of the home
+
+        monkeypatch.setenv("HOME", str(home))
+        (home / ".cache" / "sandboxrun").mkdir(parents=True)
+        monkeypatch.setattr(hostpaths, "own_dirs", lambda: [("cache", str(home / ".cache" / "sandboxrun"))])
     payload = json.dumps(cmd("echo pwned >> .bashrc"))
     for dry_run in (True, False):
         d = execute(payload, base=str(base), dry_run=dry_run)
