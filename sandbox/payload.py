@@ -273,23 +273,26 @@ def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     # Not realpath: a link in the path (planted by an earlier run) is refused, not followed.
     path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
     _inside("cwd", path, given, root)
-    # First: a home holds sandboxrun's own cache too (a rootless user's stage is built there),
-    # whose refusal came first and said nothing of the home nor of what to do instead.
-    problem = _home_problem(path)
-    if problem:
-        where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
-        raise PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
-                                  "not write your keys or login files; run it in a project directory, or pass "
-                                  "--root PROJECT_DIR")
     from .hostpaths import check_writable_dir
 
+    problem = _home_problem(path)
+    where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
+    home = PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
+                               "not write your keys or login files; run it in a project directory, or pass "
+                               "--root PROJECT_DIR")
     try:
         check_writable_dir(path, "cwd")
     except InputError as e:
+        # A home itself is named as one: it holds sandboxrun's own cache too (a rootless user's
+        # stage is built there), whose refusal said nothing of the home nor what to do instead.
+        if problem and not problem.startswith("it holds the home"):
+            raise home from None
         shown = given if len(given) <= _SHOWN else _quoted(given)
         raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, shown, 1)) from None
     if any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
         raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
+    if problem:
+        raise home
     return path
 
 
@@ -303,7 +306,7 @@ def _homes() -> set[str]:
     except KeyError:
         pass
     homes.update(p.pw_dir for p in pwd.getpwall())
-    return {os.path.realpath(h) for h in homes if h.startswith("/")}
+    return {os.path.realpath(h) for h in homes if h.startswith("/") and h != "/"}  # ("/": no home, for a few system users)
 
 
 def _home_problem(path: str) -> str | None:
