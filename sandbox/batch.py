@@ -335,7 +335,11 @@ def _until_ended(futures: Iterable[Future[BatchItem]], wake: _Wake) -> None:
     Ctrl-C while the thread still runs, marks it stopped (bpo-45274's fix releases the lock
     the running thread holds), so the retried join returned at once, the interpreter exited
     under a run's teardown, and that run's memory cgroup was left. A future is done only
-    once its run has returned, torn down; one never started was cancelled with the queue."""
+    once its run has returned, torn down. One not started is cancelled here: the pool's own
+    cancel, cut by a second Ctrl-C between taking a request off its queue and cancelling its
+    future, left that future pending for ever, and the batch waited for it (1 in 30)."""
+    for f in futures:
+        f.cancel()  # (what runs, or has ended, stays as it is)
     while not all(f.done() for f in futures):
         wake.clear()
         if all(f.done() for f in futures):

@@ -195,6 +195,46 @@ def test_an_early_end_kills_the_runs_under_way(isolated, ordered: bool) -> None:
             os.kill(p.pid, 9)
 
 
+def test_a_request_the_pools_cancel_lost_does_not_hold_up_the_teardown(isolated, monkeypatch) -> None:
+    """The pool's cancel of what has not started takes each request off its queue, then cancels
+    its future: a second Ctrl-C between the two left that future pending for ever, and the
+    teardown, waiting on the futures, hung (1 in 30 double Ctrl-Cs). A lossy cancel stands in."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import marker
+
+    from sandbox import leaks
+
+    real = ThreadPoolExecutor.shutdown
+
+    def lossy(self: ThreadPoolExecutor, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            try:
+                self._work_queue.get_nowait()  # type: ignore[attr-defined]  # taken, never cancelled
+            except queue.Empty:
+                pass
+        real(self, wait=wait, cancel_futures=cancel_futures)
+
+    mark = marker()
+    reqs = [{"command": "echo quick", "shell": True}] + [
+        {"command": f"sleep 300 # {mark}", "shell": True, "timeout": 120}] * 4
+    it = run_many(reqs, concurrency=1)
+    try:
+        assert next(it).stdout == "quick\n"
+        _until_running(mark, 1)
+        monkeypatch.setattr(ThreadPoolExecutor, "shutdown", lossy)
+        closer = threading.Thread(target=it.close, daemon=True)
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive(), "the teardown waited for a request that will never run"
+        assert not leaks.marked(mark)
+    finally:
+        for p in leaks.marked(mark):
+            os.kill(p.pid, 9)
+
+
 def test_an_early_end_waits_for_the_runs_teardown_not_for_their_threads(isolated, monkeypatch) -> None:
     """CPython 3.11's Thread.join, cut by a Ctrl-C while its thread still runs, marks the thread
     stopped, and every later join returns at once: a batch's teardown cut so (a second Ctrl-C)
