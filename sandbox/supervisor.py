@@ -892,8 +892,8 @@ class Cancel:
     def cancel(self) -> None:
         with self._lock:
             if not self.cancelled and self._w >= 0:  # (closed: every run it served has ended)
-                self.cancelled = True
-                os.write(self._w, b"x")
+                os.write(self._w, b"x")  # before the flag: a Ctrl-C between them, then a retry
+                self.cancelled = True  # (a batch's teardown), wrote nothing, and no run was killed
 
     def close(self) -> None:
         """Once no run uses it any more."""
