@@ -276,23 +276,26 @@ def _cwd(text: str | None, base: str, root: str | None = None) -> str:
     from .hostpaths import check_writable_dir
 
     problem = _home_problem(path)
-    where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
-    home = PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model may "
-                               "not write your keys or login files; run it in a project directory, or pass "
-                               "--root PROJECT_DIR")
+
+    def home() -> PayloadError:
+        where = f"{path} (the default ./, where sandboxrun payload runs)" if text is None else _quoted(given)
+        return PayloadError("cwd", f"{where}: {problem}: a payload's workdir is bound read-write, and the model "
+                                   "may not write your keys or login files; run it in a project directory, or pass "
+                                   "--root PROJECT_DIR")
+
     try:
         check_writable_dir(path, "cwd")
     except InputError as e:
         # A home itself is named as one: it holds sandboxrun's own cache too (a rootless user's
         # stage is built there), whose refusal said nothing of the home nor what to do instead.
         if problem and not problem.startswith("it holds the home"):
-            raise home from None
+            raise home() from None
         shown = given if len(given) <= _SHOWN else _quoted(given)
         raise PayloadError("cwd", str(e).removeprefix("cwd: ").replace(path, shown, 1)) from None
     if any(path == t or path.startswith(t + "/") for t in _SYSTEM_TREES):
         raise PayloadError("cwd", f"{path} is a system directory; it cannot be the sandbox's writable workdir")
     if problem:
-        raise home
+        raise home()
     return path
 
 

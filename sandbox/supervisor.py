@@ -228,12 +228,12 @@ def check_size(argv: list[str], env: dict[str, str]) -> None:
                          "variable (MAX_ARG_STRLEN): pass long data on stdin or in a file")
 
 
-def prepare(prof: Profile, command: str | Sequence[str], shell: bool,
-            env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str], str | None]:
+def prepare(prof: Profile, command: str | Sequence[str], shell: bool, env: Mapping[str, str] | None,
+            argv: list[str] | None = None) -> tuple[list[str], dict[str, str], str | None]:
     """What run() checks of a command before any sandbox is started (a payload's --dry-run
     shows the same): its argv, its environment (the profile's, then `env`), the sizes and
     UTF-8 of both (InputError), and the filter's verdict: None, or why it is blocked."""
-    argv = to_argv(command, shell)
+    argv = to_argv(command, shell) if argv is None else argv  # (run() has made it already)
     full_env = build_env(prof, env)
     check_size(argv, full_env)
     if prof.blocklist or prof.block or prof.allow:
@@ -1299,7 +1299,7 @@ def run(
     overrides.pop("cancel", None)
     prof = profile if isinstance(profile, Profile) else profiles.load(profile)
     prof = profiles.with_overrides(prof, timeout=timeout, **overrides)
-    to_argv(command, shell)  # (the command's own errors first)
+    argv = to_argv(command, shell)  # (the command's own errors first)
     if isinstance(stdin, str):
         stdin = os_bytes(stdin, "stdin")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
@@ -1308,7 +1308,7 @@ def run(
         raise InputError(f"cwd: expected a path, got {type(cwd).__name__}")
     if isinstance(cwd, str):
         os_bytes(cwd, "cwd")
-    argv, full_env, blocked = prepare(prof, command, shell, env)
+    argv, full_env, blocked = prepare(prof, command, shell, env, argv)
     if blocked is not None:
         return Result(command=argv, status="blocked", blocked=True, block_reason=blocked,
                       error=blocked, profile=prof.name, isolation=None,
