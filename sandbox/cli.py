@@ -579,29 +579,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = _dispatch(name)
         args = args[1:]
 
-    timers = (signals.SIGALRM, signals.SIGVTALRM, signals.SIGPROF, signals.SIGXCPU)
-
     def on_term(sig: int, _frame: object) -> None:
-        if sig in timers:  # an interval timer (or a CPU limit) fires again and again: once asks to end
-            for t in timers:
+        if sig in signals.TIMERS:  # an interval timer (or a CPU limit) fires again and again: once asks to end
+            for t in signals.TIMERS:
                 signals.signal(t, signals.SIG_IGN)
         raise _Terminated(sig)
 
-    # Also the timers' signals and SIGXCPU: an interval timer, alarm() or a CPU limit a parent
-    # set survives its exec of us (`alarm 5; exec sandboxrun ...`, a timeout idiom), and their
-    # default action ended the CLI at once, its sandbox's clean-up not done, nothing said.
-    ending = (signals.SIGTERM, signals.SIGHUP, signals.SIGUSR1, signals.SIGUSR2, *timers)
-    for sig in ending:
+    for sig in signals.ENDING:  # (their default action ended the CLI at once, nothing torn down or said)
         signals.signal(sig, on_term)
     # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children
     # before we read their pid or status), and blocked signals (a SIGTERM that never came).
     signals.signal(signals.SIGCHLD, signals.SIG_DFL)
-    signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, *ending))
+    signals.pthread_sigmask(signals.SIG_UNBLOCK, (signals.SIGINT, *signals.ENDING))
     _more_files()
     try:
         return handler(args)
     except KeyboardInterrupt as e:  # the sandbox is torn down on the way out (finally blocks)
-        for sig in (signals.SIGINT, *ending):  # one more now would cut short the exit hooks' clean-up
+        for sig in (signals.SIGINT, *signals.ENDING):  # one more now would cut short the exit hooks' clean-up
             signals.signal(sig, signals.SIG_IGN)
         # Only these run sandboxes of their own; the other session commands talk to a
         # background session, which runs on (and `check`, `profiles` run none).

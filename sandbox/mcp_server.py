@@ -443,11 +443,33 @@ class _StdinLines:
         return self
 
     async def __anext__(self) -> str:
-        import anyio
+        import _thread
+        import asyncio
 
-        # abandoned when cancelled: a read that a client holding stdin open never ends must not
-        # hold up the server's end (Ctrl-C, or a client that closed the output)
-        line = await anyio.to_thread.run_sync(self._next, abandon_on_cancel=True)
+        # Each line read in a thread of its own, abandoned when cancelled: a read that a client
+        # holding stdin open never ends must hold up neither the server's end (a signal, or a
+        # client that closed the output) nor the interpreter's exit, which joins the threads of
+        # a pool (anyio's) and not these.
+        loop = asyncio.get_running_loop()
+        read: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(line: str | None, error: BaseException | None) -> None:
+            if not read.done():
+                read.set_exception(error) if error is not None else read.set_result(line)
+
+        def target() -> None:
+            line, error = None, None
+            try:
+                line = self._next()
+            except BaseException as e:  # noqa: BLE001 - raised in the task
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, line, error)
+            except RuntimeError:  # the loop is closed: nobody waits for it
+                pass
+
+        _thread.start_new_thread(target, ())
+        line = await read
         if line is None:
             raise StopAsyncIteration
         return line
@@ -547,15 +569,20 @@ def _error_reply(error: Exception) -> Any:
     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(code=code, message=message)))
 
 
-async def _serve_stdio(server: Any, eof_wait: float | None = None) -> None:
-    """What server.run("stdio") does, answering a malformed line with a JSON-RPC error."""
+async def _serve_stdio(server: Any, eof_wait: float | None = None, stop: "_Stop | None" = None) -> None:
+    """What server.run("stdio") does, answering a malformed line with a JSON-RPC error.
+    `stop` cancels it all (calls under way: their sandboxes killed)."""
+    import anyio
     from mcp.server.stdio import stdio_server
 
     low = getattr(server, "_lowlevel_server", None) or server._mcp_server
     stdin = _StdinLines()
     try:
-        async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
-            await _relay(low, read, write, eof_wait)
+        with anyio.CancelScope() as scope:
+            if stop is not None:
+                stop.serving(scope)
+            async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
+                await _relay(low, read, write, eof_wait)
     finally:
         stdin.restore()
 
@@ -661,8 +688,11 @@ class _Answers:
         return getattr(self._write, name)
 
 
-def serve(server: Any, eof_wait: float | None = None) -> None:
-    """Serve over stdio until the end of the input (and the calls under way, `eof_wait` s at most)."""
+def serve(server: Any, eof_wait: float | None = None,
+          ending: tuple[int, ...] = ()) -> None:
+    """Serve over stdio until the end of the input (and the calls under way, `eof_wait` s at most).
+    SIGINT (when Python's default handler has it) and the signals in `ending` stop the serving
+    in order, then raise KeyboardInterrupt."""
     try:
         import anyio
         from mcp.server.stdio import stdio_server  # noqa: F401
@@ -675,21 +705,60 @@ def serve(server: Any, eof_wait: float | None = None) -> None:
         return
     import signal
 
-    # asyncio's runner takes over a default SIGINT handler: it cancelled the serving task, which
-    # waited for the stdin reader, and the server hung until the client's next line. Raised
-    # here as SIGTERM is (cli.py), Ctrl-C ends it at once.
-    own = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    if own:
-        signal.signal(signal.SIGINT, _interrupt)
+    taken = [sig for sig in ending if sig != signal.SIGINT]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        taken.append(signal.SIGINT)  # (else asyncio's runner takes it over, and waits on stdin's reader)
+    stop = _Stop()
+    before = {sig: signal.signal(sig, stop.handle) for sig in taken}
     try:
-        anyio.run(_serve_stdio, server, eof_wait)
+        try:
+            anyio.run(_serve_stdio, server, eof_wait, stop)
+        except Exception:
+            if stop.signum is None:
+                raise  # (after a stop, what broke on the way out does not matter)
     finally:
-        if own:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in before.items():
+            if sig not in stop.ignored:
+                signal.signal(sig, handler)
+    if stop.signum is not None:
+        raise KeyboardInterrupt(stop.signum)
 
 
-def _interrupt(_sig: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+class _Stop:
+    """A signal's handler while serving that raises nothing: it cancels the serving from the
+    event loop, at its next turn. Raised as a KeyboardInterrupt wherever the main thread was,
+    as before, it broke the state of anyio's cancel scopes when it landed inside one (1 in ~50
+    SIGTERMs under load): the server spun in its runner's close, or ended with an internal
+    error and then waited for ever on its thread reading stdin."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.ignored: tuple[int, ...] = ()
+        self._cancel: Callable[[], None] | None = None
+
+    def serving(self, scope: Any) -> None:
+        """Called in the loop, once serving: a signal that came before cancels it at once."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        self._cancel = lambda: loop.call_soon_threadsafe(scope.cancel)
+        if self.signum is not None:
+            scope.cancel()
+
+    def handle(self, sig: int, _frame: object) -> None:
+        from . import signals
+
+        if self.signum is None:
+            self.signum = sig
+        if sig in signals.TIMERS:  # an interval timer fires again and again: once asks to end
+            for t in signals.TIMERS:
+                signals.signal(t, signals.SIG_IGN)
+            self.ignored = signals.TIMERS
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except RuntimeError:  # the loop is closed: the serving has ended already
+                pass
 
 
 def _client_gone(error: BaseException) -> bool:
@@ -763,13 +832,15 @@ def main(argv: list[str]) -> int:
         import logging
 
         logging.getLogger().setLevel(logging.DEBUG)
+    from . import signals
     from .supervisor import _Uninterrupted
 
     ended_early: str | None = None  # why it ended before its input did
     steady = _Uninterrupted()  # a second signal must not cut short the removal of its sessions
     try:
-        serve(server, _eof_wait(prof))  # stdout is the protocol channel: nothing else may print there
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (cli.py raises them as one)
+        # (stdout is the protocol channel: nothing else may print there)
+        serve(server, _eof_wait(prof), ending=tuple(sig for sig in signals.ENDING if callable(signals.getsignal(sig))))
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP...: the serving stopped in order
         ended_early = ""
     except Exception as e:
         if not _client_gone(e):

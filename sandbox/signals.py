@@ -37,6 +37,12 @@ from _signal import (  # noqa: F401 - re-exported
 _NUMBERS = {k: v for k, v in vars(_signal).items()
             if k.startswith("SIG") and not k.startswith("SIG_") and k.isupper() and isinstance(v, int)}
 _NAMES: dict[int, str] = {}
+# What the CLI ends on, as on Ctrl-C (its sandbox torn down). The timers' signals and SIGXCPU
+# too: an interval timer, alarm() or a CPU limit a parent set survives its exec of us (`alarm
+# 5; exec sandboxrun ...`, a timeout idiom), and their default action ended the CLI at once.
+TIMERS = (SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU)
+ENDING = (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, *TIMERS)
+
 for _value, _key in sorted((v, k) for k, v in _NUMBERS.items()):
     # As signal.Signals names a number with several names (SIGABRT, SIGIOT): the first in order.
     _NAMES.setdefault(_value, _key)

@@ -312,20 +312,89 @@ def test_a_signal_ends_the_server_though_its_client_keeps_stdin_open(tmp_path: P
             p.communicate()
 
 
+# `sandboxrun mcp` with one more tool, which sends the server a signal from inside the serving's
+# own code (where the event loop and anyio's cancel scopes run) and then goes on.
+_SIGNAL_PROBE = """
+import signal, sys
+from sandbox import cli, mcp_server
+
+built, marker = mcp_server.build_server, sys.argv[1]
+
+def build(*a, **kw):
+    server, tools = built(*a, **kw)
+
+    async def probe(signame: str) -> dict:
+        signal.raise_signal(getattr(signal, signame))  # its Python handler runs here, at once
+        with open(marker, "w") as f:
+            f.write("went on")
+        return {}
+
+    server.add_tool(probe, name="probe", description="signal the server")
+    return server, tools
+
+mcp_server.build_server = build
+sys.argv[1:] = ["mcp"]
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGALRM"])
+def test_a_signal_is_taken_between_the_servers_steps_not_raised_inside_one(tmp_path: Path, signame: str) -> None:
+    # An ending signal was raised as KeyboardInterrupt wherever the main thread was. Inside
+    # anyio's cancel scopes it broke their state: 1 in ~50 SIGTERMs under load, the server
+    # spun in its runner's close, or ended its serving with "internal error" then waited
+    # for ever on its thread reading stdin (a client keeps stdin open).
+    import time
+
+    marker = tmp_path / "went-on"
+    s = Raw(tmp_path, argv=[sys.executable, "-c", _SIGNAL_PROBE, str(marker)])
+    try:
+        s.call("p", "probe", signame=signame)
+        started = time.monotonic()
+        s.p.wait(timeout=20)
+        assert time.monotonic() - started < 10
+        err = s.p.stderr.read() if s.p.stderr else b""
+        assert s.p.returncode == 0 and b"Traceback" not in err and b"error" not in err, err
+        assert marker.read_text() == "went on"  # the handler raised nothing into the code it interrupted
+    finally:
+        s.close()
+
+
+def test_sigterm_during_a_call_ends_its_sandbox_and_then_the_server(tmp_path: Path) -> None:
+    import time
+
+    marker = f"mcp-sigterm-{os.getpid()}"
+    s = Raw(tmp_path)
+    try:
+        s.call("r", "run_command", command=f"sleep 60; : {marker}")
+        deadline = time.monotonic() + 20
+        while not _alive(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(marker)
+        s.p.terminate()
+        s.p.wait(timeout=15)
+        err = s.p.stderr.read() if s.p.stderr else b""
+        assert s.p.returncode == 0 and b"Traceback" not in err, err
+        assert not _alive(marker)  # the run was killed before the server ended, not left to its parent-death signal
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------------------- the raw protocol
 
 
 class Raw:
     """`sandboxrun mcp` driven line by line, as a hostile or buggy peer would."""
 
-    def __init__(self, tmp_path: Path, *extra: str) -> None:
+    def __init__(self, tmp_path: Path, *extra: str, argv: list[str] | None = None) -> None:
         import queue
         import subprocess
         import threading
 
         state = tmp_path / "state"
         state.mkdir(mode=0o700, exist_ok=True)
-        self.p = subprocess.Popen([sys.executable, "-m", "sandbox", "mcp", *extra], stdin=subprocess.PIPE,
+        argv = argv or [sys.executable, "-m", "sandbox", "mcp", *extra]
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   env=dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state)))
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
