@@ -291,6 +291,11 @@ def build_server(profile: str | Profile = "strict", workspace: str | None = None
              else "it is a fresh empty directory for each call; nothing persists between calls")
     server = server_cls("sandboxrun", instructions=INSTRUCTIONS.format(profile=prof.name, workdir=inside,
                                                                        workspace=where), log_level="WARNING")
+    low = getattr(server, "_lowlevel_server", None) or getattr(server, "_mcp_server", None)
+    if low is not None and hasattr(low, "version"):  # (else mcp 2.x reports "" and 1.x the SDK's own)
+        from . import __version__
+
+        low.version = __version__
 
     def add(fn: Callable[..., Any], name: str, description: str) -> None:
         import inspect

@@ -402,7 +402,8 @@ class Raw:
         threading.Thread(target=self._read, daemon=True).start()
         self.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
-        assert "result" in self.reply("init")
+        self.init_reply = self.reply("init")
+        assert "result" in self.init_reply
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def _read(self) -> None:
@@ -662,5 +663,17 @@ def test_at_the_end_of_input_a_cancel_counts_by_the_id_the_sdk_matches(tmp_path:
         assert "result" in d and json.loads(d["result"]["content"][0]["text"])["stdout"] == "done\n", d
         assert s.p.wait(timeout=20) == 0  # (before: for ever)
         assert 7 not in s.seen
+    finally:
+        s.close()
+
+
+def test_the_server_names_itself_and_its_version(tmp_path: Path) -> None:
+    # serverInfo.version was empty (mcp 2.x reports what the server gives, "" by default).
+    from sandbox import __version__
+
+    s = Raw(tmp_path)
+    try:
+        info = s.init_reply["result"]["serverInfo"]
+        assert info["name"] == "sandboxrun" and info["version"] == __version__, info
     finally:
         s.close()
