@@ -353,6 +353,7 @@ def run_python(
         copy = os.path.join(tmp, "script.py")
         try:
             with os.fdopen(fd, "wb") as f:
+                os.fchmod(fd, 0o444)  # not the caller's umask's: 077 left the sandbox's user no read
                 f.write(data)
         except OSError as e:  # a full $TMPDIR, a file size limit: nothing ran
             from .supervisor import _setup_error

@@ -109,6 +109,18 @@ def test_script_is_read_only_and_host_dir_untouched(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == before and p.read_text() == "open(__file__, 'a').write('x')\n"
 
 
+@pytest.mark.parametrize("mask", [0o077, 0o777])
+def test_the_callers_umask_does_not_hide_the_scripts_copy_from_the_sandbox(calc: Path, mask: int) -> None:
+    # The copy was made 0444 & ~umask: 0400 (or 0) to root, and the sandbox's user got
+    # "can't open file '/sandbox/script/calc.py': Permission denied", as if the script's own error.
+    before = os.umask(mask)
+    try:
+        r = run_python(calc, args=["x"])
+    finally:
+        os.umask(before)
+    assert r.status == "ok" and r.stdout == "main ['x']\n", r
+
+
 def test_workdir_and_timeout_pass_through(calc: Path, tmp_path: Path) -> None:
     (tmp_path / "data.txt").write_text("42")
     p = tmp_path / "readit.py"
