@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
-from . import strictjson
+from . import signals, strictjson
 from .errors import InputError, SandboxError
 from .isolation.cgroups import Slots
 from .profile import Profile, load
@@ -289,9 +289,10 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
                 if nxt is None:
                     more = False
                     break
-                fut = pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel, trusted)
+                with signals.held():  # (a Ctrl-C inside submit left a worker running that no one waited for)
+                    fut = pool.submit(_run_one, nxt[0], nxt[1], prof, slots, cancel, trusted)
+                    inflight.append(fut)
                 fut.add_done_callback(ended)
-                inflight.append(fut)
             if ordered:
                 ready = []
                 while inflight and inflight[0].done():

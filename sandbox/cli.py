@@ -580,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
 
     def on_term(sig: int, _frame: object) -> None:
+        if signals.holding(sig):  # taken at the end of a step it must not cut (signals.held)
+            return
         if sig in signals.TIMERS:  # an interval timer (or a CPU limit) fires again and again: once asks to end
             for t in signals.TIMERS:
                 signals.signal(t, signals.SIG_IGN)

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import sessions
+from . import sessions, signals
 from .cli import exit_code_for, explain, run_kwargs
 from .cliargs import Parser, add_run_options, command_of, integer
-from .errors import InputError
+from .errors import InputError, SandboxError
 from .result import Result
 
 EXIT_WAIT_TIMEOUT = 124  # `wait --timeout` ran out while the session still runs (as timeout(1))
@@ -63,21 +63,36 @@ def cmd_start(argv: list[str]) -> int:
     kw = run_kwargs(ns)
     shell_cmd: Any = " ".join(cmd) if ns.shell else cmd
     try:
+        # Handed over (detached) only with its id printed: a Ctrl-C in between left a session
+        # running whose id no one had, though the CLI said it was torn down.
         sess = sessions.start(shell_cmd, shell=ns.shell, name=ns.name, pty=ns.pty, cols=ns.cols, rows=ns.rows,
-                              stdin_file=ns.stdin_file, **kw)
+                              stdin_file=ns.stdin_file, ends_with_caller=True, **kw)
     except sessions.SessionBlocked as e:
         if ns.json:  # the shape of a session's info, as every other start prints
             _print_json(_blocked_info(e.result, ns.name, ns.pty))
         print(f"sandboxrun: blocked: {e.result.block_reason}", file=sys.stderr)
         return e.exit_code
-    info = sess.info()
-    res = sess.result if info["state"] == "exited" else None
-    # It never ran: a setup failure (125) or an exec failure (127 not found, 126 not executable).
-    failed = res is not None and (res.status == "setup_error" or bool(res.error and res.exit_code in (126, 127)))
-    if ns.json:
-        _print_json(info)
-    elif not failed:  # an id on stdout says it started: `ID=$(sandboxrun start ...)` gets none otherwise
-        print(sess.id)
+    handed_over = False
+    try:
+        info = sess.info()
+        res = sess.result if info["state"] == "exited" else None
+        # It never ran: a setup failure (125) or an exec failure (127 not found, 126 not executable).
+        failed = res is not None and (res.status == "setup_error" or bool(res.error and res.exit_code in (126, 127)))
+        with signals.held():  # both or neither
+            sess._detach()
+            handed_over = True
+            if ns.json:
+                _print_json(info)
+            elif not failed:  # an id on stdout says it started: `ID=$(sandboxrun start ...)` gets none otherwise
+                print(sess.id)
+    except BaseException:
+        if not handed_over:
+            try:
+                sess.remove(grace=0)
+            except SandboxError:
+                pass
+        raise
+    if not ns.json and not failed:
         print(f"sandboxrun: session {sess.id} ({sessions.printable(info['name'])}) started, "
               f"sandbox pid {info['pid']}", file=sys.stderr)
     if res is not None and failed:

@@ -8,6 +8,8 @@ same calls, taking and giving plain ints.
 from __future__ import annotations
 
 import _signal
+import _thread
+import sys
 from _signal import (  # noqa: F401 - re-exported
     SIG_BLOCK,
     SIG_DFL,
@@ -27,6 +29,7 @@ from _signal import (  # noqa: F401 - re-exported
     SIGVTALRM,
     SIGXCPU,
     SIGXFSZ,
+    default_int_handler,
     getsignal,
     pidfd_send_signal,
     pthread_sigmask,
@@ -60,3 +63,65 @@ def number(name: str) -> int | None:
         return found
     digits = name[3:] if name.startswith("SIG") else ""
     return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+# ---------------------------------------------------------------------------- held signals
+# Python runs a signal's handler in the main thread, between any two bytecodes; one that raises
+# (KeyboardInterrupt, the CLI's SIGTERM) could cut a step that must not be cut: a child spawned
+# whose pid is lost, a thread left in the pid namespace it unshared, a pool's worker started but
+# not yet counted. Within `held()` such a signal waits for the step's end.
+
+_held = [0, 0]  # the main thread's depth of held() sections, and the first signal held (0: none)
+
+
+def holding(sig: int) -> bool:
+    """For a handler that raises: whether the main thread is in a held() section, `sig` then
+    kept for its end instead."""
+    if not _held[0] or _thread.get_ident() != _main_ident():
+        return False
+    if not _held[1]:
+        _held[1] = sig
+    return True
+
+
+def _main_ident() -> int:
+    threading = sys.modules.get("threading")
+    return threading.main_thread().ident if threading is not None else _MAIN  # type: ignore[return-value]
+
+
+_MAIN = _thread.get_ident()  # (with no `threading` imported yet, only a _thread-started thread could be another)
+
+
+def _hold_int(sig: int, frame: object) -> None:
+    """SIGINT's default handler, held within held()."""
+    if not holding(sig):
+        raise KeyboardInterrupt
+
+
+class held:
+    """A step that a signal's KeyboardInterrupt must not cut in two: the signal is taken at its
+    end. Only the main thread's steps need it (no handler runs in another); SIGINT is held where
+    Python's default handler has it, the CLI's other signals by their handler (holding())."""
+
+    __slots__ = ("_swapped",)
+
+    def __enter__(self) -> None:
+        self._swapped = False
+        if _thread.get_ident() != _main_ident():
+            return
+        if not _held[0] and getsignal(SIGINT) is default_int_handler:
+            signal(SIGINT, _hold_int)
+            self._swapped = True
+        _held[0] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if _thread.get_ident() != _main_ident():
+            return
+        _held[0] -= 1
+        if self._swapped:
+            signal(SIGINT, default_int_handler)
+        if not _held[0] and _held[1]:
+            sig, _held[1] = _held[1], 0
+            handler = getsignal(sig)
+            if callable(handler):
+                handler(sig, None)  # raises now, between steps

@@ -648,8 +648,9 @@ def execute(req: Request) -> Result:
             sweep_orphans()
             kill_processes_of(lease.uid)
         try:
-            launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns,
-                                                   netns_parent, cg_dir))
+            with signals.held():  # (a Ctrl-C between the spawn and this assignment lost the stage's pid)
+                launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns,
+                                                       netns_parent, cg_dir))
         except ForkError as e:
             return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
         # A regular file's copy gives back what the command did not read: what is left in
@@ -716,6 +717,8 @@ def execute(req: Request) -> Result:
         raise
     finally:
         steady = _Uninterrupted()
+        if launched is not None and launched.pidfd >= 0:  # interrupted before _supervise took it over, or in its end
+            steady.do(_end_launched, launched, not plan_pid_namespace)
         steady.do(_close_all, opened)
         if cg is not None:
             steady.do(_remove_quietly, cg)
@@ -758,6 +761,15 @@ class _Uninterrupted:
     def raise_pending(self) -> None:
         if self.pending is not None:
             raise self.pending
+
+
+def _end_launched(launched: Launched, own_tree: bool) -> None:
+    """A run's child that _supervise never ended (a Ctrl-C came first): killed, reaped, its pidfd closed."""
+    if launched.pidfd >= 0:
+        kill_run(launched.pidfd, own_tree)
+        launched.reap()
+        pidfd, launched.pidfd = launched.pidfd, -1
+        os.close(pidfd)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -898,10 +910,10 @@ class Cancel:
     def close(self) -> None:
         """Once no run uses it any more."""
         with self._lock:
-            for fd in (self._r, self._w):
+            fds, self._r, self._w = (self._r, self._w), -1, -1  # marked first: a rerun must not close them twice
+            for fd in fds:
                 if fd >= 0:
                     os.close(fd)
-            self._r = self._w = -1
 
 
 class _Poller:
@@ -1125,7 +1137,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         if not watch_report:
             _drain_report(rep_r, report)
         rusage = launched.reap()
-        os.close(launched.pidfd)
+        pidfd, launched.pidfd = launched.pidfd, -1  # (marked before the close: a rerun of the teardown must not close it twice)
+        os.close(pidfd)
     duration = time.monotonic() - started
     stats = cg.stats() if cg else None
     usage = Usage(wall_s=round(duration, 6))

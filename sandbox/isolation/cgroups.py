@@ -332,13 +332,14 @@ class Slots:
         self._free: list[Slot] = []
         self._made: list[Slot] = []
         self._unavailable = False  # the backend could not make one: runs make their own
+        self._closed = False  # a run that outlives close() (its worker was never waited for) lends none
         self._lock = _thread.allocate_lock()
 
     def take(self, backend: Backend) -> Slot | None:
         with self._lock:
             if self._free:
                 return self._free.pop()
-            if self._unavailable:
+            if self._unavailable or self._closed:
                 return None
         try:
             slot = backend.make_slot()
@@ -347,9 +348,15 @@ class Slots:
         with self._lock:
             if slot is None:
                 self._unavailable = True
-            else:
+            elif not self._closed:
                 self._made.append(slot)
-        return slot
+                return slot
+        if slot is not None:  # made while the batch closed: no one would remove it
+            try:
+                slot.remove()
+            except OSError:
+                pass
+        return None
 
     def give_back(self, slot: Slot) -> None:
         try:
@@ -358,10 +365,12 @@ class Slots:
             empty = False
         if empty:
             with self._lock:
-                self._free.append(slot)
-            return
+                if not self._closed:
+                    self._free.append(slot)
+                    return
         with self._lock:
-            self._made.remove(slot)
+            if slot in self._made:  # (close() forgets a slot it could not remove, a run still in it)
+                self._made.remove(slot)
         try:
             slot.remove()
         except OSError:
@@ -372,6 +381,7 @@ class Slots:
         once it is gone)."""
         while True:
             with self._lock:
+                self._closed = True
                 self._free = []
                 if not self._made:
                     return

@@ -66,8 +66,8 @@ class Lease:
 
     def release(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)  # drops the OFD lock
-            self._fd = -1
+            fd, self._fd = self._fd, -1  # marked first: a teardown rerun after an interrupt must not close it twice
+            os.close(fd)  # drops the OFD lock
         with _mutex:
             _in_use.discard(self.uid)
 

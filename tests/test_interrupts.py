@@ -1,0 +1,279 @@
+"""A Ctrl-C (or the CLI's SIGTERM) is raised by Python between any two bytecodes of the main
+thread. Steps that must not be cut in two hold it for their end (signals.held); the teardown
+ends what a cut left half made. Each test puts the signal where a run's state was lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import end_marked, marker
+
+import sandbox
+from sandbox import leaks, signals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interrupt_here() -> None:
+    """SIGINT to ourselves, then some bytecodes, where Python runs its handler."""
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):
+        pass
+
+
+def _zombies() -> set[int]:
+    """Our children that have exited and that no one reaped."""
+    me = os.getpid()
+    out = set()
+    for task in os.listdir(f"/proc/{me}/task"):
+        try:
+            with open(f"/proc/{me}/task/{task}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        for pid in kids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        out.add(pid)
+            except OSError:
+                pass
+    return out
+
+
+def _pidfds() -> set[int]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
+                out.add(int(fd))
+        except OSError:
+            pass
+    return out
+
+
+def _gone(mark: str, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while leaks.marked(mark):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# ---------------------------------------------------------------------------- signals.held
+
+
+def test_a_sigint_within_held_is_raised_at_its_end_and_the_handler_is_put_back() -> None:
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals.held():
+            _interrupt_here()
+            reached.append("the step's end")
+    assert reached == ["the step's end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_held_sections_nest_and_a_held_signal_is_taken_once() -> None:
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals.held():
+            with signals.held():
+                _interrupt_here()
+                _interrupt_here()
+            seen.append("inner end")  # still held: the outer step goes on
+    assert seen == ["inner end"]
+    for _ in range(1000):  # nothing more pending
+        pass
+
+
+def test_held_is_a_no_op_in_another_thread() -> None:
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            with signals.held():
+                pass
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=step)
+    t.start()
+    t.join()
+    assert errors == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_clis_sigterm_is_held_too() -> None:
+    code = ("import os, signal, sys\nfrom sandbox import cli, signals\n"
+            "def probe(argv):\n"
+            "    with signals.held():\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        for _ in range(1000): pass\n"
+            "        print('step ended', flush=True)\n"
+            "    print('not reached', flush=True)\n"
+            "    return 0\n"
+            "cli._dispatch = lambda name: probe\n"
+            "sys.argv[1:] = ['check', 'x']\n"
+            "cli.entry()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout == "step ended\n" and p.returncode == 143, (p.stdout, p.stderr)
+
+
+# ---------------------------------------------------------------------------- the library's runs
+
+
+@pytest.fixture
+def mark(isolated) -> str:
+    m = marker()
+    yield m
+    end_marked(m)
+
+
+def test_an_interrupt_right_after_the_spawn_does_not_lose_the_child(mark: str, monkeypatch: pytest.MonkeyPatch,
+                                                                     child: str) -> None:
+    # Before: the stage's pid (or the fork server's reply) was lost with the KeyboardInterrupt:
+    # its command ran on unsupervised, a zombie stayed, and (native) this thread was left in
+    # the pid namespace it had unshared, so that every later run failed.
+    from sandbox import forker
+    from sandbox.native import launch
+
+    before = _zombies()
+    for cls in (launch.NativeForker, forker.ServerForker, forker.DirectForker):
+        real = cls.spawn
+
+        def spawn(self, plan, fds, _real=real):  # type: ignore[no-untyped-def]
+            launched = _real(self, plan, fds)
+            _interrupt_here()
+            return launched
+
+        monkeypatch.setattr(cls, "spawn", spawn)
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run(["sh", "-c", f"sleep 30; : {mark}"], timeout=60)
+    monkeypatch.undo()
+    assert _gone(mark)
+    assert _zombies() - before == set()  # reaped
+    r = sandbox.run(["echo", "next"])  # and this thread is not stuck anywhere
+    assert r.status == "ok" and r.stdout == "next\n", r
+
+
+def test_an_interrupt_before_the_supervision_began_ends_the_run(mark: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import supervisor
+
+    pidfds_before = _pidfds()
+    before = _zombies()
+
+    def interrupted(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(supervisor, "_supervise", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run(["sh", "-c", f"sleep 30; : {mark}"], timeout=60)
+    monkeypatch.undo()
+    assert _gone(mark)
+    assert _zombies() - before == set()
+    assert _pidfds() <= pidfds_before  # its pidfd closed too
+
+
+def test_a_teardown_rerun_closes_no_fd_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ctrl-C between a step's close and its "closed" mark made the rerun close the same
+    # number again: EBADF, "internal error", exit 125 (or, threaded, another's fd closed).
+    from sandbox.isolation import uids
+    from sandbox.supervisor import Cancel, _Uninterrupted
+
+    real_close = os.close
+    cut = []
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        if not cut:
+            cut.append(fd)
+            raise KeyboardInterrupt
+
+    c = Cancel()
+    lease = uids.Lease(-1, os.open("/dev/null", os.O_RDONLY))
+    for step in (c.close, lease.release):
+        cut.clear()
+        steady = _Uninterrupted()
+        monkeypatch.setattr(os, "close", close_then_interrupt)
+        try:
+            steady.do(step)
+        finally:
+            monkeypatch.setattr(os, "close", real_close)
+        assert cut and steady.pending is not None  # cut once, then rerun to its end without an error
+
+
+# ---------------------------------------------------------------------------- batch and sessions
+
+
+def test_an_interrupt_inside_the_pools_submit_leaves_no_slot(isolated, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Cut inside Thread.start, the pool's worker ran but was neither the pool's nor waited for:
+    # it made or returned a slot cgroup after the batch had removed its slots.
+    from sandbox.batch import run_many
+
+    real_start = threading.Thread.start
+    started = []
+
+    def start(self: threading.Thread) -> None:
+        real_start(self)
+        if self.name.startswith("sandboxrun-batch") and not started:
+            started.append(self)
+            _interrupt_here()
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    tag = f"sandboxrun-{os.getpid()}-"
+    with pytest.raises(KeyboardInterrupt):
+        list(run_many([["sh", "-c", "sleep 0.3"]] * 4, concurrency=2))
+    monkeypatch.undo()
+    for t in started:
+        t.join(10)
+    left = [d for root in ("/sys/fs/cgroup", *(f"/sys/fs/cgroup/{c}" for c in os.listdir("/sys/fs/cgroup")))
+            if os.path.isdir(root) for d in os.listdir(root) if d.startswith(tag)]
+    assert left == []
+
+
+def test_slots_closed_lend_none_and_remove_what_comes_back() -> None:
+    from sandbox.isolation.cgroups import Slots
+
+    class FakeSlot:
+        removed = False
+
+        def is_empty(self) -> bool:
+            return True
+
+        def remove(self) -> None:
+            self.removed = True
+
+    class Backend:
+        def make_slot(self) -> FakeSlot:
+            return FakeSlot()
+
+    slots = Slots()
+    lent = slots.take(Backend())  # type: ignore[arg-type]
+    slots.close()
+    assert slots.take(Backend()) is None  # type: ignore[arg-type]
+    slots.give_back(lent)  # type: ignore[arg-type]
+    assert lent.removed  # type: ignore[union-attr]
+
+
+def test_an_interrupt_before_starts_id_is_printed_removes_the_session(private_state_dir: Path) -> None:
+    code = ("import sys\nfrom sandbox import cli, sessions\n"
+            "real = sessions.Session.info\n"
+            "def info(self):\n"
+            "    raise KeyboardInterrupt\n"
+            "sessions.Session.info = info\n"
+            "sys.argv[1:] = ['start', '--', 'sleep', '60']\n"
+            "cli.entry()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 130 and p.stdout == "", (p.stdout, p.stderr)
+    from sandbox import sessions
+
+    assert [s.id for s in sessions.list_sessions()] == []  # not left running with an id no one has
