@@ -663,3 +663,75 @@ def test_a_malformed_stage_program_is_refused(program: bytes) -> None:
             if fd >= 0:
                 os.close(fd)
     assert cp.returncode != 0 and "truncated stage program" in report, (cp, report)
+
+
+@pytest.fixture
+def cold_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A process whose stage is not built yet, in an empty cache of its own."""
+    from sandbox import supervisor
+    from sandbox.isolation import seccomp
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(seccomp, "default_cache_dir", lambda: str(cache))
+    monkeypatch.setattr(native, "_path", None)
+    monkeypatch.setattr(native, "_error", None)
+    monkeypatch.setattr(supervisor, "_native", None)
+    return cache
+
+
+def test_the_stages_build_is_no_part_of_the_first_runs_time(cold_cache: Path) -> None:
+    # The build (~1 s) ran on the first run's clock: `echo` with a 0.3 s timeout timed out.
+    r = sandbox.run(["echo", "hi"], timeout=0.3)
+    assert r.status == "ok" and r.stdout == "hi\n" and r.usage.wall_s < 0.3, r
+    assert any(p.name.startswith("stage-") for p in cold_cache.iterdir())
+
+
+def test_a_build_leaves_no_folder_and_removes_stale_temp_files(cold_cache: Path, tmp_path) -> None:
+    # A SIGKILLed build left its headers' folder in $TMPDIR, which no sweep knew, and its
+    # output's temp file in the cache, which no prune took.
+    import time
+
+    from sandbox import workdir
+
+    cold_cache.mkdir(mode=0o700)
+    stale, fresh = cold_cache / ".stage-x.1.ab.tmp", cold_cache / ".seccomp-y.bpf.2.cd.tmp"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    old = time.time() - native.STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    before = set(os.listdir(workdir.tmpdir()))
+    assert native.stage_path() is not None
+    assert not stale.exists() and fresh.exists()
+    made = {n for n in set(os.listdir(workdir.tmpdir())) - before if "build" in n or n.startswith("sandboxrun-")}
+    assert made == set()
+
+
+
+def test_the_builds_folder_is_named_for_the_start_up_sweep(cold_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.isolation import cgroups
+
+    seen: list[str] = []
+    real = native._recipes
+
+    def recipes(headers: str) -> list[list[str]]:
+        seen.append(os.path.basename(headers))
+        return real(headers)
+
+    monkeypatch.setattr(native, "_recipes", recipes)
+    assert native.stage_path() is not None
+    assert seen and seen[0].startswith(f"sandboxrun-{cgroups.owner_tag()}-")  # a SIGKILLed build's: swept
+
+
+def test_a_compiler_that_cannot_fork_is_not_tried_again_and_again(cold_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path) -> None:
+    # Under a low RLIMIT_NPROC gcc retried its own fork for ~15 s, and each recipe did so:
+    # 45 s on every run's first call.
+    cc = tmp_path / "cc"
+    calls = tmp_path / "calls"
+    cc.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'gcc: fatal error: cannot fork: Resource temporarily unavailable' >&2\n"
+                  "exit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    assert native.stage_path() is None
+    assert "Resource temporarily unavailable" in (native._error or "")
+    assert calls.read_text().count("x") == 1

@@ -79,36 +79,46 @@ def _recipes(headers: str) -> list[list[str]]:
 
 
 def _compile(dfd: int, name: str, cache: str) -> None:
+    import shutil
     import subprocess
-    import tempfile
+
+    from ..workdir import mkdtemp
 
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     out = os.path.join(cache, tmp)
     errors = ""
-    with tempfile.TemporaryDirectory(prefix="sandboxrun-build-") as headers:
+    # (named as a run's fresh workdir, our pid in it: a later start removes it if we are SIGKILLed)
+    headers = mkdtemp()[0]
+    try:
         recipes = _recipes(headers)
-        try:
-            for recipe in recipes:
-                try:
-                    r = subprocess.run([recipe[0], "-O2", "-std=gnu11", *recipe[1:], "-o", out, SOURCE],
-                                       capture_output=True, text=True, timeout=120)
-                except (OSError, subprocess.SubprocessError) as e:
-                    errors = str(e)
-                    continue
-                if r.returncode == 0:
-                    os.chmod(out, 0o700)
-                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                    prune_builds(dfd, name)
-                    return
-                lines = r.stderr.strip().splitlines()
-                errors = lines[-1] if lines else f"exit {r.returncode}"
-        finally:
+        for recipe in recipes:
             try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
+                r = subprocess.run([recipe[0], "-O2", "-std=gnu11", *recipe[1:], "-o", out, SOURCE],
+                                   capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as e:
+                errors = str(e)
+                continue
+            if r.returncode == 0:
+                os.chmod(out, 0o700)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                prune_builds(dfd, name)
+                return
+            lines = r.stderr.strip().splitlines()
+            errors = lines[-1] if lines else f"exit {r.returncode}"
+            if _FORK_FAILED in r.stderr:  # (RLIMIT_NPROC) the compiler retried for ~15 s: so would the next
+                break
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        shutil.rmtree(headers, ignore_errors=True)
     tried = ", ".join(dict.fromkeys(r[0] for r in recipes))
     raise OSError(0, f"cannot build the native stage (tried {tried}): {errors}")
+
+
+_FORK_FAILED = "Resource temporarily unavailable"  # gcc's "cannot fork" (EAGAIN), after its own retries
+STALE_TEMP_S = 3600.0  # a build's or cache write's temp file this old is a SIGKILLed process's
 
 
 KEEP_BUILDS = 4  # of other sources: a process of another installed version may still spawn its own
@@ -117,9 +127,19 @@ KEEP_BUILDS = 4  # of other sources: a process of another installed version may 
 def prune_builds(dfd: int, current: str, keep: int = KEEP_BUILDS) -> None:
     """Remove builds of other sources but the `keep` newest: deleting every other build would
     make a long-running process of another version fail its next run."""
+    import time
+
     from ..isolation.seccomp import prune_cache
 
     prune_cache(dfd, keep, lambda e: e.startswith("stage-") and e != current)
+    now = time.time()
+    for e in os.listdir(dfd):  # what a SIGKILLed build or cache write left
+        if e.startswith(".") and e.endswith(".tmp"):
+            try:
+                if now - os.stat(e, dir_fd=dfd, follow_symlinks=False).st_mtime > STALE_TEMP_S:
+                    os.unlink(e, dir_fd=dfd)
+            except OSError:
+                pass
 
 
 def stage_path() -> str | None:
