@@ -15,6 +15,7 @@ Works with mcp 1.x (`FastMCP`) and 2.x (`MCPServer`).
 
 # No `from __future__ import annotations`: the tool signatures inside build_server() use
 # local Annotated aliases that the SDK must be able to evaluate.
+import errno
 import functools
 import json
 import os
@@ -766,11 +767,18 @@ class _Stop:
                 pass
 
 
-def _client_gone(error: BaseException) -> bool:
-    """Whether `error` (perhaps a group from the SDK's tasks) is only a closed output: EPIPE."""
+def _output_lost(error: BaseException) -> OSError | None:
+    """The write error, where `error` (perhaps a group from the SDK's tasks) is only the
+    output's: a closed pipe (EPIPE), a full disk or /dev/full (ENOSPC), an I/O error."""
     if isinstance(error, BaseExceptionGroup):
-        return all(_client_gone(e) for e in error.exceptions)
-    return isinstance(error, BrokenPipeError)
+        found = [_output_lost(e) for e in error.exceptions]
+        return found[0] if found and all(found) else None
+    if isinstance(error, OSError) and error.errno in _OUTPUT_ERRNOS:
+        return error
+    return None
+
+
+_OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
 
 
 def _eof_wait(prof: Profile) -> float | None:
@@ -841,6 +849,7 @@ def main(argv: list[str]) -> int:
     from .supervisor import _Uninterrupted
 
     ended_early: str | None = None  # why it ended before its input did
+    code = 0
     steady = _Uninterrupted()  # a second signal must not cut short the removal of its sessions
     try:
         # (stdout is the protocol channel: nothing else may print there)
@@ -848,9 +857,14 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP...: the serving stopped in order
         ended_early = ""
     except Exception as e:
-        if not _client_gone(e):
+        lost = _output_lost(e)
+        if lost is None:
             raise
-        ended_early = "sandboxrun: mcp: the client closed the server's output; ending\n"
+        if lost.errno == errno.EPIPE:
+            ended_early = "sandboxrun: mcp: the client closed the server's output; ending\n"
+        else:  # (> /dev/full)
+            ended_early = f"sandboxrun: mcp: error: the server's output cannot be written: {lost.strerror}; ending\n"
+            code = 1
     finally:
         steady.do(tools.close)
     if ended_early is not None or steady.pending:
@@ -863,5 +877,5 @@ def main(argv: list[str]) -> int:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(0)
+        os._exit(code)
     return 0

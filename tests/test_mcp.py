@@ -574,6 +574,29 @@ def test_at_the_end_of_input_the_calls_under_way_are_answered(tmp_path: Path) ->
         s.close()
 
 
+def test_an_output_that_cannot_be_written_ends_the_server_with_one_line(tmp_path: Path) -> None:
+    # > /dev/full: ENOSPC from the SDK's writer was "internal error: ExceptionGroup", exit 125.
+    import subprocess
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    line = json.dumps({"jsonrpc": "2.0", "id": "p0", "method": "ping"}).encode() + b"\n"
+    with open("/dev/full", "wb") as full:
+        p = subprocess.Popen([sys.executable, "-m", "sandbox", "mcp"], stdin=subprocess.PIPE, stdout=full,
+                             stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT), SANDBOXRUN_STATE_DIR=str(state)))
+    assert p.stdin is not None and p.stderr is not None
+    try:
+        p.stdin.write(line)
+        p.stdin.flush()  # (stdin stays open: the write error alone ends it)
+        assert p.wait(timeout=30) == 1
+        assert p.stderr.read().decode().strip().splitlines() == [
+            "sandboxrun: mcp: error: the server's output cannot be written: No space left on device; ending"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 def test_a_client_that_closed_the_output_ends_the_server_quietly(tmp_path: Path) -> None:
     # The SDK's writer took EPIPE: "internal error: ExceptionGroup", exit 125, and only once
     # another line came (till then the server hung on in the thread reading stdin).
