@@ -550,6 +550,12 @@ def execute(req: Request) -> Result:
             unreachable = rlimits.beyond_reach(plan.rlimits)
         except rlimits.LimitsUnreadable as e:
             return _setup_error(argv, prof, "rlimits", e.errno or 0, e.strerror, started, known=True)
+        except OSError as e:
+            from .isolation.seccomp import PolicyUnavailable
+
+            if not isinstance(e, PolicyUnavailable):
+                raise
+            return _setup_error(argv, prof, "seccomp", e.errno or 0, e.strerror or str(e), started, known=True)
         if unreachable:
             return _setup_error(argv, prof, "rlimits", errno.EPERM, unreachable, started, known=True)
         plan_pid_namespace = plan.pid_namespace

@@ -897,3 +897,17 @@ def test_socket_families_and_types_each_get_the_filters_answer() -> None:
     assert p.returncode == 0, p.stderr
     for (name, fam, kind, proto, refused), got in zip(SOCKET_CASES, json.loads(p.stdout), strict=True):
         assert (got == "ENOTRECOVERABLE") == refused, (name, fam, hex(kind), proto, got)
+
+
+def test_a_filter_that_cannot_be_compiled_fails_the_run_closed_naming_seccomp(isolated, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under RLIMIT_NPROC=1 pyseccomp's find_library cannot fork ldconfig: "internal error:
+    # RuntimeError: Unable to find libseccomp" (exit 125 with no step), on a cold cache.
+    import sandbox
+
+    monkeypatch.setattr(seccomp, "_memo", {})
+    monkeypatch.setattr(seccomp, "default_cache_dir", lambda: str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # its import fails
+    r = sandbox.run(["echo", "never"])
+    assert (r.status, r.error_step, r.stdout) == ("setup_error", "seccomp", ""), r
+    assert "libseccomp unavailable" in (r.error or ""), r

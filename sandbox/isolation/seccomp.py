@@ -481,7 +481,11 @@ def compile_policy(name: str = "default", *, newest: int = NEWEST_REVIEWED_NR,
     rules = _POLICY_RULES[name]
     if not rules:
         return b""
-    import pyseccomp as sc  # lazy: ~55 ms import, only paid on a cache miss
+    try:
+        import pyseccomp as sc  # lazy: ~55 ms import, only paid on a cache miss
+    except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: its find_library could not fork ldconfig
+        raise PolicyUnavailable(getattr(e, "errno", None) or 0,
+                                f"cannot compile the seccomp filter {name!r}: libseccomp unavailable ({e})") from None
 
     machine = os.uname().machine
     ops = {"EQ": sc.EQ, "GE": sc.GE, "GT": sc.GT, "MASKED_EQ": sc.MASKED_EQ}
@@ -579,6 +583,10 @@ def default_cache_dir() -> str:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "sandboxrun")
+
+
+class PolicyUnavailable(OSError):
+    """The filter could not be compiled on this host (libseccomp missing or unloadable)."""
 
 
 def _sha256_hex(data: bytes) -> str:
