@@ -127,6 +127,11 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
     facts = facts if facts is not None else host_facts()
     step = step or ""
     code = E.errorcode.get(err, str(err))
+    if err == E.EMFILE:  # whatever step met it
+        return ("too many open files: a run holds about 20 at once, above what the caller holds; raise the "
+                "soft and hard RLIMIT_NOFILE (ulimit -n)")
+    if err == E.ENFILE:
+        return "the host's open file table is full (fs.file-max)"
     if step in _USERNS_STEPS:
         return _userns_cause(err, facts)
     if step in _NS_STEPS and err == E.EAGAIN:  # the fork into the new pid namespace, not the namespace

@@ -132,6 +132,14 @@ def test_other_causes() -> None:
         facts(sysctls={"kernel.apparmor_restrict_unprivileged_userns": "1"}))
 
 
+@pytest.mark.parametrize("step", ["filesystem:mount:open-sources", "cgroup", "exec", "namespaces"])
+def test_too_many_open_files_is_named_whatever_step_met_it(step: str) -> None:
+    # Under `ulimit -n 16` the open-sources step's EMFILE said "a bind source was removed or replaced".
+    root = facts(rootless=False, uid=0, cap_sys_admin=True)
+    assert "RLIMIT_NOFILE" in doctor.likely_cause(step, errno.EMFILE, root)
+    assert "fs.file-max" in doctor.likely_cause(step, errno.ENFILE, root)
+
+
 def test_causes_that_are_no_kernel_feature_missing() -> None:
     # EAGAIN making the pid namespace's first process is a process limit, not CONFIG_PID_NS;
     # a workdir the run may not enter is no container forbidding mounts.
