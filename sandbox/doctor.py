@@ -127,6 +127,8 @@ def likely_cause(step: str, err: int, facts: dict[str, Any] | None = None) -> st
     facts = facts if facts is not None else host_facts()
     step = step or ""
     code = E.errorcode.get(err, str(err))
+    if step == _REFUSED:  # no sandbox was made: the error itself says why
+        return ""
     if err == E.EMFILE:  # whatever step met it
         return ("too many open files: a run holds about 20 at once, above what the caller holds; raise the "
                 "soft and hard RLIMIT_NOFILE (ulimit -n)")
@@ -218,13 +220,16 @@ def _probe_profiles(rootless: bool) -> dict[str, Profile]:
     }
 
 
+_REFUSED = "sandboxrun"  # a probe's "step" when run() refused it before any sandbox (its error says why)
+
+
 def _run(prof: Profile) -> dict[str, Any]:
     from .supervisor import run
 
     try:
         r = run(["/bin/true"], profile=prof)
     except Exception as e:  # noqa: BLE001 - a probe that crashes is a finding, not a crash
-        return {"status": "error", "step": "sandboxrun", "errno": 0, "error": f"{type(e).__name__}: {e}"}
+        return {"status": "error", "step": _REFUSED, "errno": 0, "error": f"{type(e).__name__}: {e}"}
     return {"status": r.status, "step": r.error_step, "errno": r.error_errno or 0, "error": _without_cause(r.error),
             "isolation": r.isolation}
 
@@ -317,6 +322,8 @@ def _layer_rows(res: dict[str, dict[str, Any]], facts: dict[str, Any], cg: dict[
             rows.append(_row(name, None, f"untested: the base probe fails at {base['step']}"))
         elif steps is None or any((r["step"] or "").startswith(s) for s in steps):
             rows.append(fail_row(name, r))
+        elif r["step"] == _REFUSED:
+            rows.append(_row(name, None, f"untested: the probe was refused before any sandbox: {r['error']}"))
         else:
             rows.append(_row(name, None, f"untested: the probe failed earlier, at {r['step']}"))
 
@@ -446,7 +453,8 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"{p['profile']:<10}  yes")
         else:
             lines.append(f"{p['profile']:<10}  NO   {p['error']}")
-            lines.append(f"{'':<10}       likely cause: {p['cause']}")
+            if p["cause"]:
+                lines.append(f"{'':<10}       likely cause: {p['cause']}")
     lines.append("")
     lines.append("strict runs here." if rep["strict"] else
                  "strict cannot run here: use a profile marked yes above, or fix the cause.")

@@ -158,3 +158,23 @@ def test_host_facts_of_this_process() -> None:
     f = doctor.host_facts()
     assert f["uid"] == os.geteuid() and f["rootless"] is (os.geteuid() != 0)
     assert f["seccomp_mode"] in (0, 1, 2)
+
+
+def test_a_probe_refused_before_any_sandbox_says_why_and_no_empty_cause() -> None:
+    # As `nobody` (state dir under /tmp) landlock said only "the probe failed earlier, at
+    # sandboxrun", and a refused profile printed an empty "likely cause:".
+    ok = {"status": "ok", "step": None, "errno": 0, "error": None, "isolation": None}
+    refused = {"status": "error", "step": "sandboxrun", "errno": 0, "error": "InputError: /tmp holds the state"}
+    keys = ("base", "pid", "ipc", "uts", "cgroupns", "net", "mount", "seccomp", "landlock", "cgroup")
+    res = {k: dict(ok) for k in keys}
+    res["landlock"] = refused
+    res["cgroup"] = {"status": "setup_error", "step": "cgroup", "errno": errno.EACCES, "error": "no", "isolation": None}
+    root = facts(rootless=False, uid=0, cap_sys_admin=True)
+    rows = doctor._layer_rows(res, root, {"v1": {}, "v2": None, "backend": "v1", "error": None})
+    landlock = next(r for r in rows if r["layer"] == "landlock")
+    assert "InputError: /tmp holds the state" in landlock["detail"], landlock
+    assert doctor.likely_cause("sandboxrun", 0, root) == ""
+    host = {"rootless": False, "uid": 0, "kernel": "6", "machine": "x86_64", "container": None, "seccomp_mode": 0}
+    rep = {"version": "0", "host": host, "layers": rows, "native_stage": {}, "strict": False,
+           "profiles": [{"profile": "nested", "runs": False, "error": refused["error"], "cause": ""}]}
+    assert "likely cause: \n" not in doctor.format_report(rep) + "\n"
