@@ -587,6 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 signals.signal(t, signals.SIG_IGN)
         raise _Terminated(sig)
 
+    on_term.holds = True  # type: ignore[attr-defined]  # (signals.held leaves it in place)
     for sig in signals.ENDING:  # (their default action ended the CLI at once, nothing torn down or said)
         signals.signal(sig, on_term)
     # What a parent may have left us: an ignored SIGCHLD (the kernel would reap our children

@@ -29,7 +29,6 @@ from _signal import (  # noqa: F401 - re-exported
     SIGVTALRM,
     SIGXCPU,
     SIGXFSZ,
-    default_int_handler,
     getsignal,
     pidfd_send_signal,
     pthread_sigmask,
@@ -67,20 +66,24 @@ def number(name: str) -> int | None:
 
 # ---------------------------------------------------------------------------- held signals
 # Python runs a signal's handler in the main thread, between any two bytecodes; one that raises
-# (KeyboardInterrupt, the CLI's SIGTERM) could cut a step that must not be cut: a child spawned
-# whose pid is lost, a thread left in the pid namespace it unshared, a pool's worker started but
-# not yet counted. Within `held()` such a signal waits for the step's end.
+# (KeyboardInterrupt, the CLI's SIGTERM, a caller's own alarm handler) could cut a step that
+# must not be cut: a child spawned whose pid is lost, a thread left in the pid namespace it
+# unshared, a pool's worker started but not yet counted. Within `held()` such a signal waits
+# for the step's end.
 
-_held = [0, 0]  # the main thread's depth of held() sections, and the first signal held (0: none)
+_depth = [0]  # the main thread's depth of held() sections
+_pending: list[int] = []  # the signals held, in order, each once
+_originals: dict[int, object] = {}  # the handlers held() stood in for
+_CATCHABLE = tuple(n for n in range(1, _signal.NSIG) if n not in (_signal.SIGKILL, _signal.SIGSTOP))
 
 
 def holding(sig: int) -> bool:
     """For a handler that raises: whether the main thread is in a held() section, `sig` then
-    kept for its end instead."""
-    if not _held[0] or _thread.get_ident() != _main_ident():
+    kept for its end instead. (A handler that asks is left in place by held().)"""
+    if not _depth[0] or _thread.get_ident() != _main_ident():
         return False
-    if not _held[1]:
-        _held[1] = sig
+    if sig not in _pending:
+        _pending.append(sig)
     return True
 
 
@@ -92,36 +95,47 @@ def _main_ident() -> int:
 _MAIN = _thread.get_ident()  # (with no `threading` imported yet, only a _thread-started thread could be another)
 
 
-def _hold_int(sig: int, frame: object) -> None:
-    """SIGINT's default handler, held within held()."""
-    if not holding(sig):
-        raise KeyboardInterrupt
+def _stand_in(sig: int, frame: object) -> None:
+    """Every Python handler's stand-in within held()."""
+    if not holding(sig):  # (between the section's end and the handler's return to its place)
+        handler = _originals.get(sig)
+        if callable(handler):
+            handler(sig, frame)
 
 
 class held:
-    """A step that a signal's KeyboardInterrupt must not cut in two: the signal is taken at its
-    end. Only the main thread's steps need it (no handler runs in another); SIGINT is held where
-    Python's default handler has it, the CLI's other signals by their handler (holding())."""
+    """A step that a signal's exception must not cut in two: the signal is taken at its end.
+    Only the main thread's steps need it (no Python handler runs in another). Each Python
+    handler stands aside meanwhile, but those that call holding() themselves (the CLI's)."""
 
-    __slots__ = ("_swapped",)
+    __slots__ = ("_outer",)
 
     def __enter__(self) -> None:
-        self._swapped = False
+        self._outer = False
         if _thread.get_ident() != _main_ident():
             return
-        if not _held[0] and getsignal(SIGINT) is default_int_handler:
-            signal(SIGINT, _hold_int)
-            self._swapped = True
-        _held[0] += 1
+        if not _depth[0]:
+            self._outer = True
+            for sig in _CATCHABLE:
+                handler = getsignal(sig)
+                if callable(handler) and not getattr(handler, "holds", False):
+                    _originals[sig] = handler
+            for sig in _originals:
+                signal(sig, _stand_in)
+        _depth[0] += 1
 
     def __exit__(self, *exc: object) -> None:
         if _thread.get_ident() != _main_ident():
             return
-        _held[0] -= 1
-        if self._swapped:
-            signal(SIGINT, default_int_handler)
-        if not _held[0] and _held[1]:
-            sig, _held[1] = _held[1], 0
+        _depth[0] -= 1
+        if not self._outer:
+            return
+        for sig, handler in list(_originals.items()):
+            signal(sig, handler)  # type: ignore[arg-type]
+        _originals.clear()
+        taken = _pending[:]
+        _pending.clear()
+        for sig in taken:
             handler = getsignal(sig)
             if callable(handler):
-                handler(sig, None)  # raises now, between steps
+                handler(sig, None)  # raises now, between steps (any after it are then dropped)

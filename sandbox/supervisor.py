@@ -530,11 +530,13 @@ def execute(req: Request) -> Result:
     failing = False  # an exception (a first interrupt) is on its way out: a second one waits behind it
     try:
         try:
-            work = Workdir(req.cwd, in_memory=prof.view == "private")
+            with signals.held():  # (each acquisition kept as it is made: see signals.held)
+                work = Workdir(req.cwd, in_memory=prof.view == "private")
         except OSError as e:  # (a read-only or full $TMPDIR): the host refused, nothing ran
             return _setup_error(argv, prof, "workdir", e.errno or 0, f"cannot make the run's workdir: {e}", started)
         try:
-            uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
+            with signals.held():
+                uid, gid, host_uid, lease = _identity(req.cwd, work, prof)
         except OSError as e:  # (no writable /run for the uid locks)
             return _setup_error(argv, prof, "identity", e.errno or 0, f"cannot lease the run's uid: {e.strerror or e}", started)
         if work.fresh and work.path and not _rootless():
@@ -565,135 +567,139 @@ def execute(req: Request) -> Result:
         # Once per process, the stage's build (a cold cache: ~1 s) or the fork server's start
         # is no part of the run's time: a first run's 0.3 s timeout was spent on gcc.
         started += time.monotonic() - before
-        if prof.cgroup != "off":
-            # PID 1 reaps every process of its namespace and we reap PID 1: wait4 then
-            # gives the whole tree's CPU time, and v1 needs no cpuacct hierarchy for it.
-            whole_tree = plan.pid_namespace and getattr(forker, "reaps_pid1", False)
-            try:
-                backend = cgroups.detect()
-                slot = req.cgroup_slots.take(backend) if req.cgroup_slots is not None else None
-                cg = backend.create(cgroups.CgroupLimits(
-                    prof.limits.memory, prof.limits.processes, prof.limits.cpus,
-                    freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree), slot)
-            except OSError as e:
-                cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
-                if prof.cgroup_needed_by:  # the profile runs without one, but not with these limits
-                    asked = " and ".join(prof.cgroup_needed_by)
-                    limit = "limits asked for need" if len(prof.cgroup_needed_by) > 1 else "limit asked for needs"
-                    return _setup_error(argv, prof, "cgroup", e.errno or 0, f"{cg_error}; the {asked} {limit} "
-                                        f"a cgroup (profile {prof.name!r} runs without one only when no {asked} "
-                                        "limit is given)", started, known=True)
-                if prof.cgroup == "required":
-                    return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
-        if cg is None and not plan.pid_namespace:
-            from .isolation import proctree
+        # Held from the cgroup to the hand-over to _supervise: each fd, cgroup and child is kept
+        # (in `opened`, `cg`, `launched`) as it is made, for the teardown below (see signals.held).
+        with signals.held():
+            if prof.cgroup != "off":
+                # PID 1 reaps every process of its namespace and we reap PID 1: wait4 then
+                # gives the whole tree's CPU time, and v1 needs no cpuacct hierarchy for it.
+                whole_tree = plan.pid_namespace and getattr(forker, "reaps_pid1", False)
+                try:
+                    backend = cgroups.detect()
+                    with signals.held():
+                        slot = req.cgroup_slots.take(backend) if req.cgroup_slots is not None else None
+                        cg = backend.create(cgroups.CgroupLimits(
+                            prof.limits.memory, prof.limits.processes, prof.limits.cpus,
+                            freezer="pid" not in prof.namespaces, cpu_usage=not whole_tree), slot)
+                except OSError as e:
+                    cg_error = str(e) if isinstance(e, cgroups.CgroupUnavailable) else f"cannot create the run's cgroup: {e}"
+                    if prof.cgroup_needed_by:  # the profile runs without one, but not with these limits
+                        asked = " and ".join(prof.cgroup_needed_by)
+                        limit = "limits asked for need" if len(prof.cgroup_needed_by) > 1 else "limit asked for needs"
+                        return _setup_error(argv, prof, "cgroup", e.errno or 0, f"{cg_error}; the {asked} {limit} "
+                                            f"a cgroup (profile {prof.name!r} runs without one only when no {asked} "
+                                            "limit is given)", started, known=True)
+                    if prof.cgroup == "required":
+                        return _setup_error(argv, prof, "cgroup", e.errno or 0, cg_error, started)
+            if cg is None and not plan.pid_namespace:
+                from .isolation import proctree
 
-            if proctree.proc_pid() is None:  # what ends the run's processes would find none
-                return _setup_error(argv, prof, "proc", errno.ENOENT,
-                                    "no pid namespace, no cgroup, and no /proc that shows this process: the "
-                                    "run's processes could not be found, nor ended after it", started)
-        if cg is not None and prof.limits.processes is not None:
-            # The cgroup's pids.max fires first, so pids.events tells the caller the limit was
-            # hit (usage.pids_limit_hit); RLIMIT_NPROC, a few tasks above, stays a second line.
-            top = rlimits.ceiling("processes")  # the margin no higher than we may set (a caller's ulimit -Hu)
-            plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if top is None else min(v + NPROC_MARGIN, top))
-                                               if k == "processes" else (k, v) for k, v in plan.rlimits))
-        out_r, out_w = _pipe(1 << 20)
-        opened += [out_r, out_w]
-        err_r, err_w = _pipe(1 << 20)
-        opened += [err_r, err_w]
-        rep_r, rep_w = _pipe()
-        opened += [rep_r, rep_w]
-        stdin_w = -1
-        # What the run is given to write (its pipes, its terminal) becomes its host uid's, so that
-        # it may reopen them: `echo x > /dev/stderr` opens /proc/self/fd/2 anew, which checks the
-        # owner and mode (0600, ours); a terminal is reopened by its name (/dev/console).
-        give_to = host_uid if host_uid is not None and not _rootless() and host_uid != os.geteuid() else None
-        if req.pty_fd is not None:
-            in_r = out_w_ = err_w_ = req.pty_fd
-            if give_to is not None:
-                os.fchown(req.pty_fd, give_to, -1)  # as login gives a user their terminal
-        else:
-            out_w_, err_w_ = out_w, err_w
-            if req.stdin_fd is not None:
-                in_r = req.stdin_fd
-            elif req.stdin or req.stdin_from is not None:
-                in_r, stdin_w = _pipe()
-                opened += [in_r, stdin_w]
-            else:  # an empty pipe, not the host's /dev/null, which /dev/stdin could not reopen
-                in_r, none_w = _pipe()
-                os.close(none_w)
-                opened.append(in_r)
-            if give_to is not None:
-                for fd in (out_w, err_w, *([in_r] if req.stdin_fd is None else [])):
-                    os.fchown(fd, give_to, -1)
-        cg_fds: list[int] = []
-        self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
-        if self_join:
-            assert cg is not None
-            try:
-                for d in cg.dirs:
-                    cg_fds.append(os.open(os.path.join(d, "tasks"), os.O_WRONLY | os.O_CLOEXEC))
-                    opened.append(cg_fds[-1])
-            except OSError as e:
-                return _setup_error(argv, prof, "cgroup", e.errno or 0, f"cannot open the run's cgroup: {e}", started)
-        elif cg is not None:
-            sync_r, sync_w = _pipe()
-            opened += [sync_r, sync_w]
-            cg_fds = [sync_r]
-        cg_dir = -1
-        if cg is not None and cg.version == "v2" and plan.pid_namespace and getattr(forker, "clones_into_v2_cgroup", False):
-            try:  # PID 1 is cloned into it (CLONE_INTO_CGROUP): no move, no grace period
-                cg_dir = os.open(cg.dirs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                opened.append(cg_dir)
-            except OSError:
-                cg_dir = -1  # moved as before
-        ready = getattr(forker, "netns", None)
-        netns, netns_parent = -1, False
-        if ready is not None and plan.loopback:
-            netns, netns_parent = _network_namespace(ready, batch=req.cgroup_slots is not None)
-        if netns >= 0:
-            opened.append(netns)
-        if lease is not None and cg is None and not plan.pid_namespace:
-            # Only the uid can find such a run's processes: clear it, and once per process
-            # every uid that a SIGKILLed supervisor's run still holds.
-            from .isolation.uids import kill_processes_of, sweep_orphans
+                if proctree.proc_pid() is None:  # what ends the run's processes would find none
+                    return _setup_error(argv, prof, "proc", errno.ENOENT,
+                                        "no pid namespace, no cgroup, and no /proc that shows this process: the "
+                                        "run's processes could not be found, nor ended after it", started)
+            if cg is not None and prof.limits.processes is not None:
+                # The cgroup's pids.max fires first, so pids.events tells the caller the limit was
+                # hit (usage.pids_limit_hit); RLIMIT_NPROC, a few tasks above, stays a second line.
+                top = rlimits.ceiling("processes")  # the margin no higher than we may set (a caller's ulimit -Hu)
+                plan = replace(plan, rlimits=tuple((k, v + NPROC_MARGIN if top is None else min(v + NPROC_MARGIN, top))
+                                                   if k == "processes" else (k, v) for k, v in plan.rlimits))
+            out_r, out_w = _pipe(1 << 20)
+            opened += [out_r, out_w]
+            err_r, err_w = _pipe(1 << 20)
+            opened += [err_r, err_w]
+            rep_r, rep_w = _pipe()
+            opened += [rep_r, rep_w]
+            stdin_w = -1
+            # What the run is given to write (its pipes, its terminal) becomes its host uid's, so that
+            # it may reopen them: `echo x > /dev/stderr` opens /proc/self/fd/2 anew, which checks the
+            # owner and mode (0600, ours); a terminal is reopened by its name (/dev/console).
+            give_to = host_uid if host_uid is not None and not _rootless() and host_uid != os.geteuid() else None
+            if req.pty_fd is not None:
+                in_r = out_w_ = err_w_ = req.pty_fd
+                if give_to is not None:
+                    os.fchown(req.pty_fd, give_to, -1)  # as login gives a user their terminal
+            else:
+                out_w_, err_w_ = out_w, err_w
+                if req.stdin_fd is not None:
+                    in_r = req.stdin_fd
+                elif req.stdin or req.stdin_from is not None:
+                    in_r, stdin_w = _pipe()
+                    opened += [in_r, stdin_w]
+                else:  # an empty pipe, not the host's /dev/null, which /dev/stdin could not reopen
+                    in_r, none_w = _pipe()
+                    os.close(none_w)
+                    opened.append(in_r)
+                if give_to is not None:
+                    for fd in (out_w, err_w, *([in_r] if req.stdin_fd is None else [])):
+                        os.fchown(fd, give_to, -1)
+            cg_fds: list[int] = []
+            self_join = cg is not None and cg.version == "v1" and getattr(forker, "joins_v1_cgroups", False)
+            if self_join:
+                assert cg is not None
+                try:
+                    for d in cg.dirs:
+                        cg_fds.append(os.open(os.path.join(d, "tasks"), os.O_WRONLY | os.O_CLOEXEC))
+                        opened.append(cg_fds[-1])
+                except OSError as e:
+                    return _setup_error(argv, prof, "cgroup", e.errno or 0, f"cannot open the run's cgroup: {e}", started)
+            elif cg is not None:
+                sync_r, sync_w = _pipe()
+                opened += [sync_r, sync_w]
+                cg_fds = [sync_r]
+            cg_dir = -1
+            if cg is not None and cg.version == "v2" and plan.pid_namespace and getattr(forker, "clones_into_v2_cgroup", False):
+                try:  # PID 1 is cloned into it (CLONE_INTO_CGROUP): no move, no grace period
+                    cg_dir = os.open(cg.dirs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    opened.append(cg_dir)
+                except OSError:
+                    cg_dir = -1  # moved as before
+            ready = getattr(forker, "netns", None)
+            netns, netns_parent = -1, False
+            if ready is not None and plan.loopback:
+                netns, netns_parent = _network_namespace(ready, batch=req.cgroup_slots is not None)
+            if netns >= 0:
+                opened.append(netns)
+            if lease is not None and cg is None and not plan.pid_namespace:
+                # Only the uid can find such a run's processes: clear it, and once per process
+                # every uid that a SIGKILLed supervisor's run still holds.
+                from .isolation.uids import kill_processes_of, sweep_orphans
 
-            sweep_orphans()
-            kill_processes_of(lease.uid)
-        try:
-            with signals.held():  # (a Ctrl-C between the spawn and this assignment lost the stage's pid)
+                sweep_orphans()
+                kill_processes_of(lease.uid)
+            try:
                 launched = forker.spawn(plan, ChildFds(in_r, out_w_, err_w_, rep_w, cg_fds, self_join, netns,
-                                                       netns_parent, cg_dir))
-        except ForkError as e:
-            return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
-        # A regular file's copy gives back what the command did not read: what is left in
-        # its pipe at the end is seen through a read end of our own (the copy then never
-        # meets EPIPE: it waits, with room for nothing more, until the run is over).
-        probe = -1
-        if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
-            try:
-                probe = os.dup(in_r)
-                opened.append(probe)
-            except OSError:  # (EMFILE: the run goes on, without the give-back)
-                probe = -1
-        # Only the child may hold the write ends now, so EOF means it is gone.
-        for fd in (out_w, err_w, rep_w, *cg_fds, *([cg_dir] if cg_dir >= 0 else []),
-                   *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
-            os.close(fd)
-            opened.remove(fd)
-        if cg is not None and not self_join:
-            _join_cgroup(cg, launched.pid, sync_w, born_there=launched.in_cgroup)
-            opened.remove(sync_w)
-        if netns >= 0:
-            os.close(netns)  # the child holds it now
-            opened.remove(netns)
-        if ready is not None and plan.loopback and not netns_parent:
-            ready.refill()  # wakes the thread that makes the next runs' namespaces
-        if req.pty_master is not None:
-            os.close(out_r)  # the terminal carries both streams
-            opened.remove(out_r)
-            out_r = req.pty_master
+                                                           netns_parent, cg_dir))
+            except ForkError as e:
+                return _setup_error(argv, prof, e.step, e.errno or 0, e.strerror or str(e), started)
+            # A regular file's copy gives back what the command did not read: what is left in
+            # its pipe at the end is seen through a read end of our own (the copy then never
+            # meets EPIPE: it waits, with room for nothing more, until the run is over).
+            probe = -1
+            if stdin_w >= 0 and req.stdin_from is not None and stat.S_ISREG(os.fstat(req.stdin_from).st_mode):
+                try:
+                    probe = os.dup(in_r)
+                    opened.append(probe)
+                except OSError:  # (EMFILE: the run goes on, without the give-back)
+                    probe = -1
+            # Only the child may hold the write ends now, so EOF means it is gone.
+            for fd in (out_w, err_w, rep_w, *cg_fds, *([cg_dir] if cg_dir >= 0 else []),
+                       *([in_r] if in_r not in (req.stdin_fd, req.pty_fd) else [])):
+                os.close(fd)
+                opened.remove(fd)
+            if cg is not None and not self_join:
+                _join_cgroup(cg, launched.pid, sync_w, born_there=launched.in_cgroup)
+                opened.remove(sync_w)
+            if netns >= 0:
+                os.close(netns)  # the child holds it now
+                opened.remove(netns)
+            if ready is not None and plan.loopback and not netns_parent:
+                ready.refill()  # wakes the thread that makes the next runs' namespaces
+            if req.pty_master is not None:
+                os.close(out_r)  # the terminal carries both streams
+                opened.remove(out_r)
+                out_r = req.pty_master
+        # The hand-over, after the held steps: a signal they held is raised above, while `opened` still has them all.
         if stdin_w >= 0:
             opened.remove(stdin_w)  # _supervise closes it (once) when stdin is written
         if probe >= 0:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,28 @@ from sandbox import leaks, signals
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _interrupt_here() -> None:
-    """SIGINT to ourselves, then some bytecodes, where Python runs its handler."""
-    os.kill(os.getpid(), signal.SIGINT)
+def _interrupt_here(sig: int = signal.SIGINT) -> None:
+    """`sig` to ourselves, then some bytecodes, where Python runs its handler."""
+    os.kill(os.getpid(), sig)
     for _ in range(1000):
         pass
+
+
+@pytest.fixture(params=["SIGINT", "a caller's own SIGALRM handler"])
+def interrupt(request: pytest.FixtureRequest) -> Iterator[Callable[[], None]]:
+    """Ctrl-C, or a signal whose handler the calling program set to raise."""
+    if request.param == "SIGINT":
+        yield _interrupt_here
+        return
+
+    def raising(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, raising)
+    try:
+        yield lambda: _interrupt_here(signal.SIGALRM)
+    finally:
+        signal.signal(signal.SIGALRM, before)
 
 
 def _zombies() -> set[int]:
@@ -138,7 +156,7 @@ def mark(isolated) -> str:
 
 
 def test_an_interrupt_right_after_the_spawn_does_not_lose_the_child(mark: str, monkeypatch: pytest.MonkeyPatch,
-                                                                     child: str) -> None:
+                                                                     child: str, interrupt: Callable[[], None]) -> None:
     # Before: the stage's pid (or the fork server's reply) was lost with the KeyboardInterrupt:
     # its command ran on unsupervised, a zombie stayed, and (native) this thread was left in
     # the pid namespace it had unshared, so that every later run failed.
@@ -151,7 +169,7 @@ def test_an_interrupt_right_after_the_spawn_does_not_lose_the_child(mark: str, m
 
         def spawn(self, plan, fds, _real=real):  # type: ignore[no-untyped-def]
             launched = _real(self, plan, fds)
-            _interrupt_here()
+            interrupt()
             return launched
 
         monkeypatch.setattr(cls, "spawn", spawn)
@@ -277,3 +295,26 @@ def test_an_interrupt_before_starts_id_is_printed_removes_the_session(private_st
     from sandbox import sessions
 
     assert [s.id for s in sessions.list_sessions()] == []  # not left running with an id no one has
+
+
+def test_an_interrupt_as_the_runs_cgroup_is_made_leaves_none(isolated, monkeypatch: pytest.MonkeyPatch,
+                                                             interrupt: Callable[[], None]) -> None:
+    # Cut between the cgroup's mkdir and its keeping in `cg`, the run's cgroup stayed on the
+    # host until a later start's sweep.
+    from sandbox.isolation import cgroups
+
+    backend = cgroups.detect()
+    made: list[cgroups.RunCgroup] = []
+    real = type(backend).create
+
+    def create(self, limits, slot=None):  # type: ignore[no-untyped-def]
+        cg = real(self, limits, slot)
+        made.append(cg)
+        interrupt()
+        return cg
+
+    monkeypatch.setattr(type(backend), "create", create)
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.run(["true"])
+    monkeypatch.undo()
+    assert made and not any(os.path.exists(d) for cg in made for d in cg.dirs)
