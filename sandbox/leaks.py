@@ -269,8 +269,11 @@ def temp_dirs(bases: Iterable[str] | None = None) -> list[str]:
 
 
 def state_roots() -> list[str]:
-    """Where background-session and per-run state can live (any that exist)."""
-    roots = [os.environ.get("SANDBOXRUN_STATE_DIR", ""), f"/run/{NAME}"]
+    """Where background-session and per-run state can live (any that exist). With
+    SANDBOXRUN_STATE_DIR set, not /run/sandboxrun: only other callers' sessions are there then
+    (and the uid lock), and another root user's `start` made a soak test fail."""
+    own = os.environ.get("SANDBOXRUN_STATE_DIR", "")
+    roots = [own] if own else [f"/run/{NAME}"]
     sessions = sys.modules.get("sandbox.sessions")
     for attr in ("STATE_DIR", "state_dir"):
         value = getattr(sessions, attr, None)

@@ -1694,3 +1694,20 @@ def test_a_monitor_that_cannot_start_is_named_as_such(isolated, private_state_di
     with pytest.raises(sessions.SessionSetupError, match="^cannot start the session monitor: Resource temporarily"):
         sandbox.start(["true"])
     assert sessions.list_sessions() == []
+
+
+def test_state_entries_count_the_callers_own_state_dir_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With SANDBOXRUN_STATE_DIR set, /run/sandboxrun holds only other callers' sessions: another
+    # root user's `start` made the soak test fail (state_entries 41 -> 49).
+    os.makedirs("/run/sandboxrun", mode=0o700, exist_ok=True)
+    other = f"/run/sandboxrun/leaks-test-{os.getpid()}"
+    os.mkdir(other)
+    try:
+        monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(tmp_path))
+        (tmp_path / "mine").mkdir()
+        found = leaks.state_entries()
+        assert str(tmp_path / "mine") in found and other not in found, found
+        monkeypatch.delenv("SANDBOXRUN_STATE_DIR")
+        assert other in leaks.state_entries()
+    finally:
+        os.rmdir(other)

@@ -153,6 +153,9 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     base.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(base))
     monkeypatch.setenv("TMPDIR", str(base))  # where fresh host workdirs go (workdir.tmpdir)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("SANDBOXRUN_STATE_DIR", str(state))  # (not other users' sessions in /run/sandboxrun)
     yield base
 
 
