@@ -603,6 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Only these run sandboxes of their own; the other session commands talk to a
         # background session, which runs on (and `check`, `profiles` run none).
         owns = name in ("run", "start", "batch", "payload", "python", "mcp", "doctor")
+        if owns and name not in ("start", "mcp", "doctor"):  # (not when it ended before any: a FIFO's wait)
+            owns = getattr(sys.modules.get("sandbox.supervisor"), "began", False) or "sandbox.sessions" in sys.modules
         print("sandboxrun: interrupted" + ("; sandbox torn down" if owns else ""), file=sys.stderr)
         return 128 + e.signum if isinstance(e, _Terminated) else EXIT_INTERRUPTED
     except SandboxError as e:

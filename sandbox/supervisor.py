@@ -512,8 +512,13 @@ def _pipe(size: int | None = None) -> tuple[int, int]:
     return r, w
 
 
+began = False  # whether this process has set up a run (the CLI's "sandbox torn down" says so only then)
+
+
 def execute(req: Request) -> Result:
     """Run one prepared request to completion."""
+    global began
+    began = True
     started = time.monotonic()
     prof = req.profile
     argv = req.argv

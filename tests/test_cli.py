@@ -556,7 +556,7 @@ def test_stdin_file_of_a_fifo_waits_for_its_writer(tmp_path) -> None:
     time.sleep(1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 130 and err.endswith(b"sandboxrun: interrupted; sandbox torn down\n"), (out, err)
+    assert p.returncode == 130 and err.endswith(b"sandboxrun: interrupted\n"), (out, err)  # (no sandbox yet to tear down)
 
 
 def test_stdin_file_of_a_device_is_refused_by_name_but_dev_null_is_no_input() -> None:
