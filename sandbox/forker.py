@@ -21,6 +21,7 @@ caller, which is what lets it create the other namespaces.
 from __future__ import annotations
 
 import _thread
+import errno
 import os
 import struct
 import sys
@@ -441,6 +442,9 @@ def serve(fd: int) -> None:
     os._exit(0)
 
 
+SERVER_REPLY_S = 30.0  # a fork takes milliseconds; this only ends a wait on a server stopped or stuck
+
+
 class ServerForker:
     """Client side of the fork server; safe from any number of threads."""
 
@@ -468,9 +472,16 @@ class ServerForker:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
         )
         theirs.close()
+        ours.settimeout(SERVER_REPLY_S)  # a stopped or stuck server must not hang its caller (in a held step)
         self._owner = os.getpid()
         self._sock = ours
         return ours
+
+    def start(self) -> None:
+        """Started now if it is not (once per process): before a run's clock, not in its spawn."""
+        with self._lock:
+            if self._sock is None or self._owner != os.getpid():
+                self._sock = self._start()
 
     def spawn(self, plan: RunPlan, fds: ChildFds) -> Launched:
         _offer_stage(plan)
@@ -493,6 +504,10 @@ class ServerForker:
                 try:
                     reply, rfds = _recv_msg(self._sock, 1)
                     break
+                except TimeoutError:
+                    self._drop()  # (its children take their parent-death signal)
+                    raise ForkError("forkserver", errno.ETIMEDOUT,
+                                    f"the fork server did not answer in {SERVER_REPLY_S:g} s") from None
                 except (EOFError, OSError):
                     self._drop()  # it died while forking: do not retry a request it may have run
                     raise ForkError("forkserver", 0, "the fork server went away") from None

@@ -474,7 +474,14 @@ class _StdinLines:
             except RuntimeError:  # the loop is closed: nobody waits for it
                 pass
 
-        _thread.start_new_thread(target, ())
+        pause = 0.01
+        while True:
+            try:
+                _thread.start_new_thread(target, ())
+                break
+            except RuntimeError:  # no thread to be had now (RLIMIT_NPROC, or memory): the next read waits
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
         line = await read
         if line is None:
             raise StopAsyncIteration

@@ -114,28 +114,47 @@ class held:
         self._outer = False
         if _thread.get_ident() != _main_ident():
             return
-        if not _depth[0]:
-            self._outer = True
+        if _depth[0]:
+            _depth[0] += 1
+            return
+        self._outer = True
+        _pending.clear()  # (any left by a signal that raised in _leave's last steps was taken then)
+        _depth[0] = 1  # first: from here a stand-in keeps what it is handed
+        try:
             for sig in _CATCHABLE:
                 handler = getsignal(sig)
-                if callable(handler) and not getattr(handler, "holds", False):
+                if callable(handler) and handler is not _stand_in and not getattr(handler, "holds", False):
                     _originals[sig] = handler
-            for sig in _originals:
-                signal(sig, _stand_in)
-        _depth[0] += 1
+                    signal(sig, _stand_in)
+        except BaseException:  # a handler not yet stood in for raised: no step began, put all back
+            _leave()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         if _thread.get_ident() != _main_ident():
             return
-        _depth[0] -= 1
-        if not self._outer:
-            return
-        for sig, handler in list(_originals.items()):
-            signal(sig, handler)  # type: ignore[arg-type]
-        _originals.clear()
-        taken = _pending[:]
-        _pending.clear()
-        for sig in taken:
-            handler = getsignal(sig)
-            if callable(handler):
-                handler(sig, None)  # raises now, between steps (any after it are then dropped)
+        if self._outer:
+            _leave()
+        else:
+            _depth[0] -= 1
+
+
+def _leave() -> None:
+    """The outer section's end: each handler back in its place, then each held signal taken."""
+    raised: BaseException | None = None
+    while _originals:  # still held meanwhile: a stand-in keeps its signal
+        try:
+            for sig, handler in list(_originals.items()):
+                signal(sig, handler)  # type: ignore[arg-type]
+                del _originals[sig]
+        except BaseException as e:  # noqa: BLE001 - one put back already raised: taken once all are back
+            raised = raised or e
+    _depth[0] = 0
+    taken = _pending[:]
+    _pending.clear()
+    if raised is not None:
+        raise raised
+    for sig in taken:
+        handler = getsignal(sig)
+        if callable(handler):
+            handler(sig, None)  # raises now, between steps (any after it are then dropped)

@@ -110,7 +110,10 @@ def _forker(plan: RunPlan) -> Any:
 
     if ops.supports(plan):
         stage_path()  # built now if it must be, not in the spawn (its run's clock going, a Ctrl-C held)
-    return _python_forker()
+    forker = _python_forker()
+    if isinstance(forker, ServerForker):
+        forker.start()  # (likewise: ~0.1 s once per process)
+    return forker
 
 
 # ---------------------------------------------------------------------------- request

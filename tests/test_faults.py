@@ -268,6 +268,32 @@ def test_fork_server_sigkilled_mid_run_kills_the_sandbox(python_child, no_leftov
             sandbox.run(["/bin/true"])
 
 
+def test_a_stopped_fork_server_fails_the_run_instead_of_hanging_it(python_child, no_leftovers,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller waited for the reply without end, in a held step (a Ctrl-C held too).
+    from sandbox import forker, supervisor
+
+    monkeypatch.setattr(forker, "SERVER_REPLY_S", 0.5)
+    if supervisor._server is not None:
+        supervisor._server.close()  # the next run starts one with the short deadline
+    assert sandbox.run(["/bin/true"]).status == "ok"
+    server = leaks.forkserver_pids()
+    assert server
+    for pid in server:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        res = sandbox.run(["/bin/true"], timeout=30)
+    finally:
+        for pid in server:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert res.status == "setup_error" and "did not answer in 0.5 s" in (res.error or ""), res.to_dict()
+    assert wait_until(lambda: not any(_alive(s) for s in server), 2.0), "the stuck server was left"
+    assert sandbox.run(["/bin/true"]).status == "ok"
+
+
 CTRL_C_CALLER = """
 import sandbox
 sandbox.run(["true"])

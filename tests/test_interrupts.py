@@ -112,6 +112,53 @@ def test_held_sections_nest_and_a_held_signal_is_taken_once() -> None:
         pass
 
 
+@pytest.mark.parametrize("phase", ["enter", "exit"])
+def test_a_signal_between_handler_swaps_is_taken_once_and_none_is_lost(phase: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT fired right after each of held()'s handler swaps: one KeyboardInterrupt, every
+    handler back in its place, and the next section holds SIGINT again (a stand-in once taken
+    for an original dropped every later signal)."""
+    def quiet(sig: int, frame: object) -> None:  # more Python handlers: more swaps to land between
+        pass
+
+    monkeypatch.setattr(signals, "_CATCHABLE", (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2))
+    real_signal = signals.signal
+    signal.signal(signal.SIGUSR1, quiet)
+    signal.signal(signal.SIGUSR2, quiet)
+    try:
+        for at in range(1, 4):  # after the 1st, 2nd, 3rd swap of the phase
+            swaps = [0]
+            counting = [phase == "enter"]
+
+            def swap(sig: int, handler: object, at: int = at, swaps: list[int] = swaps,
+                     counting: list[bool] = counting) -> object:
+                old = real_signal(sig, handler)
+                if counting[0]:
+                    swaps[0] += 1
+                    if swaps[0] == at:
+                        os.kill(os.getpid(), signal.SIGINT)
+                return old
+
+            monkeypatch.setattr(signals, "signal", swap)
+            interrupts = 0
+            try:
+                with signals.held():
+                    counting[0] = phase == "exit"
+            except KeyboardInterrupt:
+                interrupts += 1
+            for _ in range(1000):  # a signal left pending would raise here
+                pass
+            monkeypatch.setattr(signals, "signal", real_signal)
+            assert (interrupts, swaps[0] >= at) == (1, True), at
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGUSR1) is quiet and signal.getsignal(signal.SIGUSR2) is quiet
+            assert (signals._originals, signals._depth, signals._pending) == ({}, [0], [])
+            test_a_sigint_within_held_is_raised_at_its_end_and_the_handler_is_put_back()
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
 def test_held_is_a_no_op_in_another_thread() -> None:
     errors: list[BaseException] = []
 

@@ -700,3 +700,33 @@ def test_the_server_names_itself_and_its_version(tmp_path: Path) -> None:
         assert info["name"] == "sandboxrun" and info["version"] == __version__, info
     finally:
         s.close()
+
+
+_NO_THREAD_AT_FIRST = """
+import _thread, asyncio
+from sandbox import mcp_server
+
+real, refused = _thread.start_new_thread, [0]
+
+def start(*a):
+    if refused[0] < 3:  # as under RLIMIT_NPROC
+        refused[0] += 1
+        raise RuntimeError("can't start new thread")
+    return real(*a)
+
+_thread.start_new_thread = start
+
+async def main():
+    return [line async for line in mcp_server._StdinLines()]
+
+print(asyncio.run(main()), refused[0])
+"""
+
+
+def test_a_line_read_waits_for_a_thread_when_none_can_be_started() -> None:
+    # Each line is read in a thread of its own: a refused start ended the server with a traceback.
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _NO_THREAD_AT_FIRST], input=b"one\ntwo\n", capture_output=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=30)
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"['one\\n', 'two\\n'] 3\n", b"")

@@ -94,7 +94,8 @@ def _compile(dfd: int, name: str, cache: str) -> None:
         for recipe in recipes:
             try:
                 r = subprocess.run([recipe[0], "-O2", "-std=gnu11", *recipe[1:], "-o", out, SOURCE],
-                                   capture_output=True, text=True, timeout=120)
+                                   capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "LC_ALL": "C"})  # (_FORK_FAILED is the C locale's text)
             except (OSError, subprocess.SubprocessError) as e:
                 errors = str(e)
                 continue
