@@ -264,17 +264,17 @@ def _run_many(argvs: list[list[str]], workers: int) -> int:
                                                    profile=PROFILE))
 
 
-def _cli_batch(jsonl: str, workers: int, cli: list[str]) -> int:
+def _cli_batch(jsonl: str, workers: int, cli: list[str], env: dict[str, str]) -> int:
     p = subprocess.run([*cli, "batch", jsonl, "--concurrency", str(workers), "--profile", PROFILE], capture_output=True,
-                       timeout=3600)
+                       timeout=3600, env=env)
     return sum(json.loads(line).get("success", False) for line in p.stdout.splitlines() if line.strip())
 
 
-def _cli_each(argvs: list[list[str]], workers: int, cli: list[str]) -> int:
+def _cli_each(argvs: list[list[str]], workers: int, cli: list[str], env: dict[str, str]) -> int:
     """One `sandboxrun` process per program: what a caller pays that shells out per snippet."""
     def one(a: list[str]) -> bool:
         return subprocess.run([*cli, "--profile", PROFILE, "--", *a], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=60).returncode == 0
+                              capture_output=True, timeout=60, env=env).returncode == 0
 
     with ThreadPoolExecutor(workers) as ex:
         return sum(ex.map(one, argvs))
@@ -301,7 +301,7 @@ def _quiesce(limit_s: float = 5.0) -> None:
 
 
 def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str], bwrap: str | None,
-               expected_ok: int) -> list[Case]:
+               expected_ok: int, cli_env: dict[str, str]) -> list[Case]:
     bw = [[bwrap, *BWRAP_STRICT, *a] for a in argvs] if bwrap else []
     with tempfile.NamedTemporaryFile("w", prefix="sandboxrun-bench-", suffix=".jsonl", delete=False) as f:
         for a in argvs:
@@ -310,8 +310,8 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
         modes: dict[str, tuple[str, Callable[[], int]]] = {
             "tput_bare": ("ThreadPoolExecutor + subprocess.run", lambda: _bare_pool(argvs, workers)),
             "tput_run_many": ("sandbox.run_many", lambda: _run_many(argvs, workers)),
-            "tput_cli_batch": ("sandboxrun batch FILE.jsonl", lambda: _cli_batch(f.name, workers, cli)),
-            "tput_cli_each": ("a `sandboxrun -- PROGRAM` process per program", lambda: _cli_each(argvs, workers, cli)),
+            "tput_cli_batch": ("sandboxrun batch FILE.jsonl", lambda: _cli_batch(f.name, workers, cli, cli_env)),
+            "tput_cli_each": ("a `sandboxrun -- PROGRAM` process per program", lambda: _cli_each(argvs, workers, cli, cli_env)),
         }
         if bwrap:
             modes["tput_bwrap"] = ("ThreadPoolExecutor + subprocess.run(bwrap strict)", lambda: _bare_pool(bw, workers))
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     # An installed package has its bytecode compiled; a dev shell with
     # PYTHONDONTWRITEBYTECODE=1 would recompile every edited module on each start.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    meta["cli_env"] = "PYTHONDONTWRITEBYTECODE unset (bytecode cached, as in an install)"
+    meta["cli_env"] = "PYTHONDONTWRITEBYTECODE unset for every CLI case (bytecode cached, as in an install)"
     if "cli" in only:
         print("CLI ...", file=sys.stderr, flush=True)
         finders = editable_finders(sys.executable)
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         print("throughput ...", file=sys.stderr, flush=True)
         argvs = load_programs(ns.programs, mode.programs, py)
         expected = _bare_pool(argvs, ns.concurrency)  # programs that succeed bare; warms the page cache
-        add(throughput(argvs, mode, ns.concurrency, cli, bwrap, expected))
+        add(throughput(argvs, mode, ns.concurrency, cli, bwrap, expected, env))
         meta["programs"] = {"count": len(argvs), "source": ns.programs or PROGRAM, "succeed_bare": expected}
 
     if "memory" in only:
