@@ -337,14 +337,19 @@ def _recv_msg(sock: socket.socket, maxfds: int) -> tuple[object, list[int]]:
     import socket  # lazy: ~5 ms, only the fork server (rootless) needs it
 
     hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, maxfds)
-    if not hdr:
-        raise EOFError
-    if len(hdr) < _HDR.size:
-        hdr += _recv_exact(sock, _HDR.size - len(hdr))
-    (n,) = _HDR.unpack(hdr)
-    import pickle
+    try:
+        if not hdr:
+            raise EOFError
+        if len(hdr) < _HDR.size:
+            hdr += _recv_exact(sock, _HDR.size - len(hdr))
+        (n,) = _HDR.unpack(hdr)
+        import pickle
 
-    return pickle.loads(_recv_exact(sock, n)), fds
+        return pickle.loads(_recv_exact(sock, n)), fds
+    except BaseException:  # (the rest of it never came: a deadline, the peer gone)
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def serve(fd: int) -> None:

@@ -480,6 +480,8 @@ class _StdinLines:
                 _thread.start_new_thread(target, ())
                 break
             except RuntimeError:  # no thread to be had now (RLIMIT_NPROC, or memory): the next read waits
+                if sys.is_finalizing():
+                    raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.5)
         line = await read

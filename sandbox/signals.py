@@ -73,7 +73,10 @@ def number(name: str) -> int | None:
 
 _depth = [0]  # the main thread's depth of held() sections
 _pending: list[int] = []  # the signals held, in order, each once
-_originals: dict[int, object] = {}  # the handlers held() stood in for
+# The handler each stand-in stands for. An entry outlives its section: a stand-in left in place
+# (a second signal's exception cut _leave short; a caller who saved getsignal() within a section
+# and set it back after) finds its handler here and calls it, outside a section, as if in place.
+_originals: dict[int, object] = {}
 _CATCHABLE = tuple(n for n in range(1, _signal.NSIG) if n not in (_signal.SIGKILL, _signal.SIGSTOP))
 
 
@@ -97,7 +100,7 @@ _MAIN = _thread.get_ident()  # (with no `threading` imported yet, only a _thread
 
 def _stand_in(sig: int, frame: object) -> None:
     """Every Python handler's stand-in within held()."""
-    if not holding(sig):  # (between the section's end and the handler's return to its place)
+    if not holding(sig):  # outside a section: what it stands for, as if in place
         handler = _originals.get(sig)
         if callable(handler):
             handler(sig, frame)
@@ -106,7 +109,12 @@ def _stand_in(sig: int, frame: object) -> None:
 class held:
     """A step that a signal's exception must not cut in two: the signal is taken at its end.
     Only the main thread's steps need it (no Python handler runs in another). Each Python
-    handler stands aside meanwhile, but those that call holding() themselves (the CLI's)."""
+    handler stands aside meanwhile, but those that call holding() themselves (the CLI's).
+
+    Python runs a handler only at some points (a call's return, a loop's back edge, a function's
+    start): the state below is changed between them, so that wherever a handler raises (two
+    signals at once: one is taken inside a step of ours, the next at the step's end) a stand-in
+    left in place still calls its handler and the next section starts clean."""
 
     __slots__ = ("_outer",)
 
@@ -118,15 +126,16 @@ class held:
             _depth[0] += 1
             return
         self._outer = True
-        _pending.clear()  # (any left by a signal that raised in _leave's last steps was taken then)
+        del _pending[:]  # (one left by a signal that cut the last _leave short was raised then)
         _depth[0] = 1  # first: from here a stand-in keeps what it is handed
         try:
             for sig in _CATCHABLE:
                 handler = getsignal(sig)
                 if callable(handler) and handler is not _stand_in and not getattr(handler, "holds", False):
-                    _originals[sig] = handler
+                    _originals[sig] = handler  # (before the stand-in: never one without its handler)
                     signal(sig, _stand_in)
-        except BaseException:  # a handler not yet stood in for raised: no step began, put all back
+        except BaseException:  # a handler not yet stood in for raised: no step began
+            _depth[0] = 0  # (no call before it: another such handler cannot cut in)
             _leave()
             raise
 
@@ -140,21 +149,26 @@ class held:
 
 
 def _leave() -> None:
-    """The outer section's end: each handler back in its place, then each held signal taken."""
-    raised: BaseException | None = None
-    while _originals:  # still held meanwhile: a stand-in keeps its signal
-        try:
-            for sig, handler in list(_originals.items()):
-                signal(sig, handler)  # type: ignore[arg-type]
-                del _originals[sig]
-        except BaseException as e:  # noqa: BLE001 - one put back already raised: taken once all are back
-            raised = raised or e
-    _depth[0] = 0
+    """The outer section's end: each held signal taken (every handler runs, the first exception
+    is raised), each stand-in replaced by its handler."""
+    _depth[0] = 0  # (a stand-in calls its handler from here on)
     taken = _pending[:]
-    _pending.clear()
-    if raised is not None:
-        raise raised
+    del _pending[:]
+    raised: BaseException | None = None
     for sig in taken:
         handler = getsignal(sig)
         if callable(handler):
-            handler(sig, None)  # raises now, between steps (any after it are then dropped)
+            try:
+                handler(sig, None)
+            except BaseException as e:  # noqa: BLE001 - raised once every held signal is taken
+                raised = raised or e
+    while True:
+        try:
+            for sig in list(_originals):
+                if getsignal(sig) is _stand_in:  # (not one the step itself set)
+                    signal(sig, _originals[sig])  # type: ignore[arg-type]
+            break
+        except BaseException as e:  # noqa: BLE001 - one put back raised: the rest are put back first
+            raised = raised or e
+    if raised is not None:
+        raise raised

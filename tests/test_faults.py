@@ -294,6 +294,27 @@ def test_a_stopped_fork_server_fails_the_run_instead_of_hanging_it(python_child,
     assert sandbox.run(["/bin/true"]).status == "ok"
 
 
+def test_a_reply_cut_short_leaves_none_of_the_fds_it_carried() -> None:
+    import socket
+
+    from sandbox import forker
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    try:
+        ours.settimeout(0.2)
+        socket.send_fds(theirs, [forker._HDR.pack(100)], [r])  # a header and its fd; the rest never comes
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(TimeoutError):
+            forker._recv_msg(ours, 1)
+        assert len(os.listdir("/proc/self/fd")) == before  # (the fd received was closed)
+    finally:
+        for f in (r, w):
+            os.close(f)
+        ours.close()
+        theirs.close()
+
+
 CTRL_C_CALLER = """
 import sandbox
 sandbox.run(["true"])

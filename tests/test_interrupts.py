@@ -152,8 +152,103 @@ def test_a_signal_between_handler_swaps_is_taken_once_and_none_is_lost(phase: st
             assert (interrupts, swaps[0] >= at) == (1, True), at
             assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
             assert signal.getsignal(signal.SIGUSR1) is quiet and signal.getsignal(signal.SIGUSR2) is quiet
-            assert (signals._originals, signals._depth, signals._pending) == ({}, [0], [])
+            assert (signals._depth, signals._pending) == ([0], [])
             test_a_sigint_within_held_is_raised_at_its_end_and_the_handler_is_put_back()
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(sig: int, frame: object) -> None:
+    raise _Alarm
+
+
+def _two_at_once() -> None:
+    """SIGINT and SIGALRM pending together: CPython runs SIGINT's handler, and SIGALRM's at
+    its next check, wherever that is."""
+    pair = {signal.SIGINT, signal.SIGALRM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, pair)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGALRM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, pair)
+
+
+@pytest.mark.parametrize("phase", ["enter", "exit"])
+def test_two_signals_at_once_in_held_s_own_steps_leave_every_handler_working(phase: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second exception escaped from where no try was: the depth stayed 1 and a stand-in
+    stayed in place with nothing to stand for, every later signal of it dropped."""
+    got: list[int] = []
+    monkeypatch.setattr(signals, "_CATCHABLE", (signal.SIGINT, signal.SIGALRM, signal.SIGTERM))
+    signal.signal(signal.SIGALRM, _raise_alarm)
+    signal.signal(signal.SIGTERM, lambda sig, frame: got.append(sig))
+    real_signal = signals.signal
+
+    def swap(sig: int, handler: object) -> object:
+        old = real_signal(sig, handler)
+        if (phase == "exit" and handler is _raise_alarm) or (phase == "enter" and sig == signal.SIGINT):
+            _two_at_once()
+        return old
+
+    try:
+        monkeypatch.setattr(signals, "signal", swap)
+        with pytest.raises((KeyboardInterrupt, _Alarm)):
+            with signals.held():
+                pass
+        monkeypatch.setattr(signals, "signal", real_signal)
+        assert signals._depth == [0]
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs, stood in for or not
+        for _ in range(1000):
+            pass
+        assert got == [signal.SIGTERM]
+        with pytest.raises(KeyboardInterrupt):  # the next section holds, and puts every handler back
+            with signals.held():
+                _interrupt_here()
+                got.append(0)
+        assert got == [signal.SIGTERM, 0]
+        assert signal.getsignal(signal.SIGALRM) is _raise_alarm and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_quiet_handlers_held_signal_runs_though_a_raising_one_came_first() -> None:
+    got: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda sig, frame: got.append(sig))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals.held():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGUSR1)
+        assert got == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_a_handler_set_within_a_section_stays_and_a_saved_stand_in_still_calls_its_own() -> None:
+    got: list[str] = []
+    signal.signal(signal.SIGUSR1, lambda sig, frame: got.append("usr1"))
+    signal.signal(signal.SIGUSR2, lambda sig, frame: got.append("usr2"))
+    try:
+        def mine(sig: int, frame: object) -> None:
+            got.append("mine")
+
+        with signals.held():
+            signal.signal(signal.SIGUSR2, mine)  # the step's own: not put "back" to the one it replaced
+            saved = signal.getsignal(signal.SIGUSR1)  # what a library saves to set back later
+        assert signal.getsignal(signal.SIGUSR2) is mine
+        signal.signal(signal.SIGUSR1, saved)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for _ in range(1000):
+            pass
+        os.kill(os.getpid(), signal.SIGUSR2)
+        for _ in range(1000):
+            pass
+        assert got == ["usr1", "mine"]
     finally:
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         signal.signal(signal.SIGUSR2, signal.SIG_DFL)
