@@ -708,19 +708,13 @@ def execute(req: Request) -> Result:
                 opened.remove(out_r)
                 out_r = req.pty_master
         # The hand-over, after the held steps: a signal they held is raised above, while `opened` still has them all.
+        # The read ends stay in `opened`, closed with the rest below (_supervise only reads them).
         if stdin_w >= 0:
             opened.remove(stdin_w)  # _supervise closes it (once) when stdin is written
         if probe >= 0:
             opened.remove(probe)  # _supervise's too
-        for fd in (out_r, err_r, rep_r):
-            if fd in opened:
-                opened.remove(fd)  # _supervise owns them now
-        try:
-            res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started,
-                             own_tree=not plan.pid_namespace, probe=probe)
-        finally:
-            for fd in {out_r, err_r, rep_r} - {req.pty_master}:
-                os.close(fd)
+        res = _supervise(req, launched, out_r, err_r, rep_r, stdin_w, cg, started,
+                         own_tree=not plan.pid_namespace, probe=probe)
         if res.status == "setup_error":
             res.isolation = None  # nothing was applied to a command that never ran
         elif res.isolation is not None:
@@ -744,47 +738,79 @@ def execute(req: Request) -> Result:
         failing = True
         raise
     finally:
-        steady = _Uninterrupted()
-        if launched is not None and launched.pidfd >= 0:  # interrupted before _supervise took it over, or in its end
-            steady.do(_end_launched, launched, not plan_pid_namespace)
-        steady.do(_close_all, opened)
-        if cg is not None:
-            steady.do(_remove_quietly, cg)
-        if slot is not None and req.cgroup_slots is not None:
-            req.cgroup_slots.give_back(slot)  # lent again only if nothing of this run is in it
-        if lease is not None:
-            if cg is None and not plan_pid_namespace:  # nothing else can find what it left running
-                from .isolation.uids import kill_processes_of
+        # Held: a signal landing between two steps (where no step of _Uninterrupted catches it) left
+        # the rest undone, the run's cgroups and fds with it; it is taken at the end instead. One
+        # landing before the hold began (the finally's first bytecodes) has the teardown run again,
+        # without the steps already done (another thread's run may have the uid or slot by then).
+        steady: _Uninterrupted | None = None
+        interrupted: BaseException | None = None
+        done = False
+        tries = 0
+        own_cgroup = cg is not None
+        while not done:
+            try:
+                with signals.held():
+                    steady = steady or _Uninterrupted()
+                    if launched is not None and launched.pidfd >= 0:  # interrupted before _supervise took it over, or in its end
+                        steady.do(_end_launched, launched, not plan_pid_namespace)
+                    steady.do(_close_all, opened)
+                    if cg is not None:
+                        steady.do(_remove_quietly, cg)
+                        cg = None
+                    if slot is not None and req.cgroup_slots is not None:
+                        given, slot = slot, None
+                        req.cgroup_slots.give_back(given)  # lent again only if nothing of this run is in it
+                    if lease is not None:
+                        if not own_cgroup and not plan_pid_namespace:  # nothing else can find what it left running
+                            from .isolation.uids import kill_processes_of
 
-                steady.do(kill_processes_of, lease.uid)
-            if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
-                from .isolation import leftovers
+                            steady.do(kill_processes_of, lease.uid)
+                        if shares_host_dirs:  # what it left in the host's /tmp, /dev/shm, IPC: by its uid
+                            from .isolation import leftovers
 
-                steady.do(leftovers.remove_files_of, lease.uid)
-                steady.do(leftovers.remove_ipc_of, lease.uid)
-            steady.do(lease.release)
-        if work is not None:
-            steady.do(work.cleanup)
+                            steady.do(leftovers.remove_files_of, lease.uid)
+                            steady.do(leftovers.remove_ipc_of, lease.uid)
+                        steady.do(lease.release)
+                        lease = None
+                    if work is not None:
+                        steady.do(work.cleanup)
+                        work = None
+                    done = True
+            except BaseException as e:  # noqa: BLE001 - before the hold, or held and taken at its end
+                interrupted = interrupted or e
+                tries += 1
+                if tries >= 10:  # (an error of a step's own, not a signal's, would come back each time)
+                    break
         if not failing:
-            steady.raise_pending()
+            if interrupted is not None:
+                raise interrupted
+            if steady is not None:
+                steady.raise_pending()
 
 
 class _Uninterrupted:
     """Teardown steps run to their end though a signal interrupts them: a second Ctrl-C (or a
     SIGTERM, which the CLI raises as one) during the first's teardown left the run's cgroups.
     A step so interrupted is run again (each is idempotent); then the interrupt goes on (the first,
-    when the teardown itself was on an exception's way out)."""
+    when the teardown itself was on an exception's way out). Any exception counts: a caller's
+    own signal handler may raise what it likes (its alarm's exception left cgroups and network
+    namespaces behind), and a step that fails for good still lets the next ones run."""
 
     def __init__(self) -> None:
-        self.pending: KeyboardInterrupt | None = None
+        self.pending: BaseException | None = None
 
     def do(self, step: Callable[..., object], *args: object) -> None:
-        for _ in range(100):  # (a bound: signals cannot come for ever, but a loop must not trust that)
+        # (bounds: signals cannot come for ever, but a loop must not trust that; and an error
+        # of the step's own, not a signal's, comes back each time)
+        tries = {KeyboardInterrupt: 100}
+        for attempt in range(100):
             try:
                 step(*args)
                 return
-            except KeyboardInterrupt as e:
+            except BaseException as e:  # noqa: BLE001 - raised once the teardown is done
                 self.pending = self.pending or e
+                if attempt + 1 >= tries.get(type(e), 10):
+                    return
 
     def raise_pending(self) -> None:
         if self.pending is not None:
@@ -1168,7 +1194,8 @@ def _supervise(req: Request, launched: Launched, out_r: int, err_r: int, rep_r: 
         pidfd, launched.pidfd = launched.pidfd, -1  # (marked before the close: a rerun of the teardown must not close it twice)
         os.close(pidfd)
     duration = time.monotonic() - started
-    stats = cg.stats() if cg else None
+    with signals.held():  # (a read's fd is not yet in a try right after its open)
+        stats = cg.stats() if cg else None
     usage = Usage(wall_s=round(duration, 6))
     usage.cpu_user_s, usage.cpu_sys_s = report.utime, report.stime
     usage.peak_memory_bytes = report.maxrss_kb * 1024

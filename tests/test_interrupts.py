@@ -29,15 +29,23 @@ def _interrupt_here(sig: int = signal.SIGINT) -> None:
         pass
 
 
-@pytest.fixture(params=["SIGINT", "a caller's own SIGALRM handler"])
+class CallersAlarm(Exception):
+    """What a calling program's own alarm handler raises (not a KeyboardInterrupt)."""
+
+
+Interrupted = (KeyboardInterrupt, CallersAlarm)
+
+
+@pytest.fixture(params=["SIGINT", "a caller's own SIGALRM handler", "a caller's SIGALRM raising its own exception"])
 def interrupt(request: pytest.FixtureRequest) -> Iterator[Callable[[], None]]:
     """Ctrl-C, or a signal whose handler the calling program set to raise."""
     if request.param == "SIGINT":
         yield _interrupt_here
         return
+    own = request.param.endswith("its own exception")
 
     def raising(_sig: int, _frame: object) -> None:
-        raise KeyboardInterrupt
+        raise CallersAlarm if own else KeyboardInterrupt
 
     before = signal.signal(signal.SIGALRM, raising)
     try:
@@ -315,7 +323,7 @@ def test_an_interrupt_right_after_the_spawn_does_not_lose_the_child(mark: str, m
             return launched
 
         monkeypatch.setattr(cls, "spawn", spawn)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):
         sandbox.run(["sh", "-c", f"sleep 30; : {mark}"], timeout=60)
     monkeypatch.undo()
     assert _gone(mark)
@@ -368,6 +376,55 @@ def test_a_teardown_rerun_closes_no_fd_twice(monkeypatch: pytest.MonkeyPatch) ->
         finally:
             monkeypatch.setattr(os, "close", real_close)
         assert cut and steady.pending is not None  # cut once, then rerun to its end without an error
+
+
+@pytest.mark.parametrize("step", ["_close_all", "_remove_quietly"])
+def test_a_callers_own_exception_inside_a_teardown_step_leaves_nothing(isolated, mark: str, step: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # _Uninterrupted reran a step cut by a KeyboardInterrupt only: a calling program's alarm
+    # handler raising its own exception ended the teardown there, and the run's cgroups, pipes
+    # and network namespace stayed (300 runs under a raising timer: 8 cgroups, 6 fds).
+    from sandbox import supervisor
+
+    real = getattr(supervisor, step)
+    cut: list[str] = []
+
+    def cut_once(*args):  # type: ignore[no-untyped-def]
+        if not cut:
+            cut.append(step)
+            raise CallersAlarm
+        return real(*args)
+
+    made: list[str] = []
+    real_create = supervisor.cgroups.RunCgroup.__init__
+
+    def remember(self, *a, **k):  # type: ignore[no-untyped-def]
+        real_create(self, *a, **k)
+        made.extend(self.dirs)
+
+    monkeypatch.setattr(supervisor.cgroups.RunCgroup, "__init__", remember)
+    monkeypatch.setattr(supervisor, step, cut_once)
+    fds_before = _fds()
+    with pytest.raises(CallersAlarm):
+        sandbox.run(["sh", "-c", f": {mark}"], timeout=60)
+    monkeypatch.undo()
+    assert cut == [step]
+    assert made and not [d for d in made if os.path.exists(d)]
+    assert _fds() <= fds_before
+    assert _gone(mark)
+
+
+def _fds() -> set[str]:
+    """Our open fds but the network namespaces made ahead for the next runs (a run takes one)."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not target.startswith("net:"):
+            out.add(f"{fd} {target}")
+    return out
 
 
 # ---------------------------------------------------------------------------- batch and sessions
@@ -456,7 +513,7 @@ def test_an_interrupt_as_the_runs_cgroup_is_made_leaves_none(isolated, monkeypat
         return cg
 
     monkeypatch.setattr(type(backend), "create", create)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):
         sandbox.run(["true"])
     monkeypatch.undo()
     assert made and not any(os.path.exists(d) for cg in made for d in cg.dirs)
