@@ -802,14 +802,13 @@ class _Uninterrupted:
     def do(self, step: Callable[..., object], *args: object) -> None:
         # (bounds: signals cannot come for ever, but a loop must not trust that; and an error
         # of the step's own, not a signal's, comes back each time)
-        tries = {KeyboardInterrupt: 100}
-        for attempt in range(100):
+        for attempt in range(1, 101):
             try:
                 step(*args)
                 return
             except BaseException as e:  # noqa: BLE001 - raised once the teardown is done
                 self.pending = self.pending or e
-                if attempt + 1 >= tries.get(type(e), 10):
+                if attempt >= (100 if isinstance(e, KeyboardInterrupt) else 10):
                     return
 
     def raise_pending(self) -> None:
