@@ -338,11 +338,13 @@ def throughput(argvs: list[list[str]], mode: Mode, workers: int, cli: list[str],
         os.unlink(f.name)
 
 
-def cost_note(cases: dict[str, Case]) -> str | None:
+def cost_note(cases: dict[str, Case], cpus: int | None = None) -> str | None:
     """What the throughput cases' host CPU per program says about programs of other lengths.
     At concurrency = CPUs every CPU is busy, so a way of running a program costs its CPU
     bare (P ms, launch included) plus that way's overhead: against bwrap the ratio is about
-    (P + bwrap's) / (P + ours), so the 1.2x goal holds up to some P and not beyond."""
+    (P + bwrap's) / (P + ours), so the 1.2x goal holds up to some P and not beyond. That
+    model leaves out the CPUs a mode leaves idle (its hand-offs), so each mode's busy share
+    is named too: rate x CPU per program / CPUs."""
     vals = {k: cases[k].value for k in ("cpu_bare", "cpu_run_many", "cpu_bwrap") if k in cases}
     if len(vals) < 3 or any(v is None for v in vals.values()):
         return None
@@ -352,8 +354,18 @@ def cost_note(cases: dict[str, Case]) -> str | None:
             f"bare the throughput ratio to bwrap is about (P + {b:.2f}) / (P + {a:.2f}): ")
     reach = (b - 1.2 * a) / 0.2
     if reach <= 0:
-        return line + "under 1.2x for every P"
-    return line + f">= 1.2x up to P = {reach:.1f} ms (these programs: {bare:.1f} ms)"
+        line += "under 1.2x for every P"
+    else:
+        line += f">= 1.2x up to P = {reach:.1f} ms"
+    line += (f" (these programs: {bare:.1f} ms; 1.2x bwrap for them would need run_many at "
+             f"+{(bare + b) / 1.2 - bare:.2f} ms, the CPUs as busy)")
+    busy = []
+    for mode in ("bare", "run_many", "bwrap"):
+        rate = cases[f"tput_{mode}"].value if f"tput_{mode}" in cases else None
+        if not rate:
+            return line
+        busy.append(f"{mode} {rate * vals['cpu_' + mode] / 10 / (cpus or os.cpu_count() or 1):.0f}%")  # type: ignore[operator]
+    return line + f"; CPUs busy: {', '.join(busy)}"
 
 
 def round_ratios(cases: dict[str, Case]) -> str | None:

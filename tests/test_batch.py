@@ -549,9 +549,23 @@ def test_bench_cost_note() -> None:
     note = bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0, cpu_bwrap=16.0))
     assert note is not None
     assert "+4.00 ms" in note and "+6.00 ms" in note  # over bare
-    assert "up to P = 6.0 ms" in note and "(these programs: 10.0 ms)" in note  # (6 - 1.2*4) / 0.2
+    assert "up to P = 6.0 ms" in note and "(these programs: 10.0 ms;" in note  # (6 - 1.2*4) / 0.2
     assert "under 1.2x for every P" in bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=15.0, cpu_bwrap=16.0))
     assert bench.cost_note(cases(cpu_bare=10.0, cpu_run_many=14.0)) is None  # no bwrap here
+    assert "+3.33 ms" in note  # what 1.2x bwrap would need for these programs: (10 + 6) / 1.2 - 10
+
+
+def test_bench_cost_note_names_the_cpus_busy_share() -> None:
+    """Rate x host CPU per program / CPUs: how busy each mode kept the CPUs, which the CPU
+    model above leaves out (a mode that leaves CPUs idle runs slower than its CPU says)."""
+    bench = _bench_module()
+    cs = {k: bench.Case(k, u, value=v) for k, u, v in (
+        ("cpu_bare", "ms", 10.0), ("cpu_run_many", "ms", 14.0), ("cpu_bwrap", "ms", 16.0),
+        ("tput_bare", "/s", 190.0), ("tput_run_many", "/s", 130.0), ("tput_bwrap", "/s", 100.0))}
+    note = bench.cost_note(cs, cpus=2)
+    assert note is not None and "CPUs busy: bare 95%, run_many 91%, bwrap 80%" in note
+    del cs["tput_bwrap"]
+    assert "CPUs busy" not in (bench.cost_note(cs, cpus=2) or "")  # only with every rate
 
 
 def test_bench_round_ratios_pair_each_round() -> None:
