@@ -6,8 +6,8 @@ O_NONBLOCK and the offset back). A pipe or socket is read by the supervisor's ev
 when it polls ready, never by changing its flags; a regular file, which cannot be polled and
 whose read may block for as long as its filesystem takes, by a thread of its own, and what
 the command did not read of it is given back at the end (a seek). (stdin_fd, the CLI's
---stdin-file, is the one fd handed over: a regular file open read-only, see
-supervisor._check_fd.)
+--stdin-file, is the one fd handed over: a regular file open read-only, and only where
+Landlock confines the run, see supervisor._check_fd and execute.)
 """
 
 from __future__ import annotations

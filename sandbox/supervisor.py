@@ -523,6 +523,11 @@ def execute(req: Request) -> Result:
     global began
     began = True
     started = time.monotonic()
+    if req.stdin_fd is not None and not _confines_handed_files(req.profile) and _regular_file(req.stdin_fd):
+        # A file handed over is reopened by /proc/self/fd/0, which checks only its owner and
+        # mode: one the run's uid may write (0666) was overwritten through a read-only fd. Only
+        # Landlock refuses that reopen; without it the file is copied in, as stdin_from is.
+        req = replace(req, stdin_from=req.stdin_fd, stdin_fd=None)
     prof = req.profile
     argv = req.argv
     check_size(argv, req.env)
@@ -1387,6 +1392,32 @@ def run(
     if _in_daemon_thread():
         return _execute_ended_at_exit(req)
     return execute(req)
+
+
+_landlock_abi: list[int] = []  # the kernel's, once asked
+
+
+def _confines_handed_files(prof: Profile) -> bool:
+    """Whether Landlock will confine the run, so that a file handed to it cannot be reopened
+    beyond its fd's rights: "required" does (or the run fails), "off" does not, "optional"
+    where the kernel has it (asked once: ctypes is imported for it)."""
+    if prof.landlock != "optional":
+        return prof.landlock == "required"
+    if not _landlock_abi:
+        from .isolation import landlock
+
+        try:
+            _landlock_abi.append(landlock.abi_version())
+        except OSError:
+            _landlock_abi.append(0)
+    return _landlock_abi[0] > 0
+
+
+def _regular_file(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _check_fd(fd: Any) -> None:

@@ -618,6 +618,44 @@ def test_stdin_fd_is_only_a_file_open_for_reading_only(isolated, tmp_path) -> No
             os.close(fd)
 
 
+@pytest.mark.parametrize("landlock", ["confines", "off", "unavailable"])
+def test_a_stdin_fd_cannot_be_reopened_for_writing_where_landlock_does_not_confine_the_run(
+        isolated, tmp_path, monkeypatch, landlock) -> None:
+    """A file handed over as stdin is reopened by /proc/self/fd/0, which checks only the file's
+    owner and mode: a file the run's uid may write (0666) was overwritten, read-only fd or not.
+    Only Landlock refuses that reopen (the file is then handed over, no copy); where it does not
+    confine the run (a profile's landlock off, or "optional" on a kernel without it) the file
+    is copied through a pipe instead."""
+    f = tmp_path / "f"
+    f.write_bytes(b"line1\nline2\n")
+    f.chmod(0o666)
+    from sandbox.isolation import landlock as ll
+
+    if landlock == "confines" and ll.abi_version() == 0:
+        pytest.skip("no Landlock on this kernel")
+    if landlock == "unavailable":  # as on a kernel without Landlock: strict's "optional" is then skipped
+        from sandbox import supervisor
+
+        monkeypatch.setattr(ll, "abi_version", lambda: 0)
+        monkeypatch.setattr(supervisor, "_landlock_abi", [])
+    from sandbox.record import replace
+
+    prof = sandbox.load_profile("strict")
+    prof = replace(prof, landlock="off") if landlock == "off" else prof
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        res = sandbox.run("read -r a; echo $a; readlink /proc/self/fd/0; echo PWNED > /proc/self/fd/0", shell=True,
+                          stdin_fd=fd, profile=prof)
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == b"line1\nline2\n", res
+    if landlock == "confines":
+        assert res.isolation.landlock_abi > 0, res
+        assert res.stdout.startswith("line1\n/") and "Permission denied" in res.stderr, res  # handed over; refused
+    else:
+        assert res.stdout.startswith("line1\npipe:") and str(tmp_path) not in res.stdout, res
+
+
 @pytest.mark.parametrize("threads", ["yes", "no", "no fds"])
 def test_a_file_given_as_stdin_from_is_left_where_the_command_stopped_reading(isolated, tmp_path, monkeypatch,
                                                                                threads) -> None:
