@@ -140,6 +140,22 @@ def _reset_process_state() -> None:
     reset_io_priority()
 
 
+def _set_proctitle(title: bytes) -> None:
+    """Overwrite our argument area, which /proc/PID/cmdline shows, with `title` and NULs.
+    Not prctl.set_proctitle: python-prctl looks for that area by walking back at most 8 KiB
+    from environ, and past it (a CLI given hundreds of --ro-bind) dereferenced NULL: PID 1
+    died of SIGSEGV. The kernel says where the area is (/proc/self/stat: arg_start, arg_end)."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()  # fields[0] is field 3 (comm may hold spaces)
+    start, end = int(fields[45]), int(fields[46])  # fields 48 and 49
+    title = title[: max(end - start - 1, 0)]
+    fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, title.ljust(end - start, b"\0"), start)
+    finally:
+        os.close(fd)
+
+
 def _supervised_or_exit(report_fd: int) -> None:
     """The parent-death signal covers a supervisor that dies from now on, not one that died
     before it was armed: then no signal comes and the run would outlive its timeout. The
@@ -176,7 +192,7 @@ def setup(plan: RunPlan, report_fd: int, cgroup_fds: list[int], trace: dict[str,
         mark("session")
         os.setsid()
         prctl.set_name("sandboxrun-init")
-        prctl.set_proctitle("sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
+        _set_proctitle(b"sandboxrun-init")  # /proc/1/cmdline must not show the runner's paths
         mark("pdeathsig")
         prctl.set_pdeathsig(parent_death_signal(plan))  # (getppid() is 0 here: the parent is outside our pid ns)
         _supervised_or_exit(report_fd)

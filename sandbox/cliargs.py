@@ -39,7 +39,8 @@ class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         # A fixed width: argparse otherwise imports shutil (~4 ms) to ask the terminal.
         cols = os.environ.get("COLUMNS", "")
-        super().__init__(prog, width=int(cols) if cols.isascii() and cols.isdigit() else 100)
+        # (at most 5 digits: int() refuses over 4,300, and no terminal is wider)
+        super().__init__(prog, width=int(cols) if cols.isascii() and cols.isdigit() and len(cols) <= 5 else 100)
 
 
 DEBUG_HELP = "show the traceback of an error too (same message, same exit code)"

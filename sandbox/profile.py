@@ -465,11 +465,26 @@ def _coerce(kind: str, value: Any, err: Any) -> Any:
     raise AssertionError(kind)
 
 
+NAME_MAX = 255
+# PATH_MAX (4096) less room for the root the view is staged under (the child mounts a bind's
+# target there first: past it, the mount failed at setup naming that staging path).
+PATH_MAX_INSIDE = 3840
+
+
 def _check_abs(p: str, err: Any) -> None:
     if not p.startswith("/"):
         raise err("must be an absolute path")
     if ".." in p.split("/"):
         raise err("must not contain '..'")
+    try:
+        encoded = p.encode("utf-8", "surrogateescape")  # the bytes the kernel gets (os.fsencode's)
+    except UnicodeEncodeError as e:  # JSON's "\ud800": a UnicodeEncodeError at setup
+        raise err(f"{p[e.start]!r} at offset {e.start} is a lone surrogate, which stands for no bytes "
+                  "(not valid UTF-8 text)") from None
+    if len(encoded) > PATH_MAX_INSIDE:
+        raise err(f"name too long: {len(encoded)} bytes (at most {PATH_MAX_INSIDE})")
+    if any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+        raise err(f"name too long: a component over {NAME_MAX} bytes")
 
 
 _HOSTNAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -900,14 +915,24 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                 raise err(f"profile {profile.name!r}: {HOST_VIEW_BIND}")
             extra = tuple(parse_bind(_coerce("str", s, err), writable=key == "bind", optional=False, err=err,
                                      caller=True) for s in specs)
-            existing = changes.get("mounts", profile.mounts)
-            others = [o.target for o in existing]
-            for i, (spec, m) in enumerate(zip(specs, extra, strict=True)):
-                problem = (bind_problem(m.target, profile.workdir) or _nested_bind_problem(m.target, others)
-                           or _kind_clash(m, (*existing, *extra[:i])))
+            mounts = list(changes.get("mounts", profile.mounts))
+            for spec, m in zip(specs, extra, strict=True):
+                at = next((i for i, o in enumerate(mounts) if _norm(o.target) == _norm(m.target)), None)
+                if at is not None:  # as a profile file: one mount per target
+                    same = mounts[at]
+                    if (same.source, same.writable) != (m.source, m.writable):
+                        raise _error_for(src, key, spec)(
+                            f"binds {_norm(m.target)}, where {same.source} is bound "
+                            f"{'read-write' if same.writable else 'read-only'} already: one mount per target "
+                            "(the later would hide the earlier)")
+                    if same.optional:
+                        mounts[at] = records.replace(same, optional=False)  # the same bind, required now
+                    continue
+                problem = (bind_problem(m.target, profile.workdir)
+                           or _nested_bind_problem(m.target, [o.target for o in mounts])
+                           or _kind_clash(m, tuple(mounts)))
                 if problem:
                     raise _error_for(src, key, spec)(problem)
-                others.append(m.target)
                 from .hostpaths import lstat_through_real_dirs
 
                 # No planted link before its last component (the view checks again, and the
@@ -916,7 +941,8 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
                     # A profile's own links are reproduced in the view (/bin -> usr/bin); a
                     # caller's could be one a run planted, pointing anywhere on the host.
                     raise _error_for(src, key, spec)(f"{m.source} is a symbolic link: give the real path")
-            changes["mounts"] = (*changes.get("mounts", profile.mounts), *extra)
+                mounts.append(m)
+            changes["mounts"] = tuple(mounts)
         elif key == "network":
             v = "none" if value == "loopback" else value
             if v not in NETWORK_MODES:

@@ -41,6 +41,28 @@ def test_cli_runs_in_its_own_pid_namespace() -> None:
     assert r.returncode == 0 and r.stdout.split() == [b"2", b"sandboxrun-init", b"hidden"], (r.stdout, r.stderr)
 
 
+def test_a_command_line_over_8_kib_runs_and_its_init_shows_no_host_paths(tmp_path: Path) -> None:
+    # 220 long --ro-bind: more binds than the native stage holds (the Python child runs it)
+    # and over 8 KiB of arguments, past where python-prctl's set_proctitle looks for them:
+    # it dereferenced NULL and PID 1 died of SIGSEGV (reported as SIGKILL, exit 137).
+    src = tmp_path / ("s" * 40)
+    src.mkdir()
+    binds = [a for i in range(220) for a in ("--ro-bind", f"{src}:/opt/{'d' * 12}{i}")]
+    assert len(" ".join(binds)) > 8192
+    r = cli(*binds, "--", "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /opt | wc -l")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [b"sandboxrun-init", b"220"], r.stdout
+
+
+@pytest.mark.parametrize("columns", ["9" * 4400, "99999999999", "0", "abc", "-5"])
+def test_any_columns_value_leaves_usage_errors_named(columns: str) -> None:
+    # 4,400 digits: Python's int() refuses over 4,300, and the help formatter's ValueError
+    # became "internal error" (exit 125) instead of the usage error.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS=columns)
+    r = subprocess.run([sys.executable, "-m", "sandbox", "--bogus"], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 2 and b"unrecognized arguments: --bogus" in r.stderr, r.stderr[-300:]
+
+
 def test_exit_code_mirrors_command() -> None:
     assert cli("--", "sh", "-c", "exit 7").returncode == 7
     r = cli("--", "sh", "-c", "kill -TERM $$")

@@ -307,6 +307,66 @@ def test_override_bind_hidden_by_the_sandbox_is_refused(spec: str, needle: str) 
         assert spec in str(e.value)  # names the bind
 
 
+@pytest.mark.parametrize("first, second", [
+    (("ro_bind", "/usr/bin:/opt/a"), ("ro_bind", "/usr/lib:/opt/a")),  # the later hid the earlier
+    (("ro_bind", "/usr:/opt/a"), ("bind", "{tmp}:/opt/a/")),  # a writable /opt/a over a read-only one
+    (None, ("bind", "{tmp}:/usr")),  # over the profile's own read-only /usr: its system gone
+    (None, ("ro_bind", "/opt:/usr")),
+])
+def test_two_binds_at_one_target_from_a_caller_are_refused(tmp_path, first, second) -> None:
+    # A profile file refused it ("one mount per target"); the overrides took it.
+    prof = load("strict")
+    if first:
+        prof = with_overrides(prof, **{first[0]: first[1]})
+    key, spec = second[0], second[1].format(tmp=tmp_path)
+    with pytest.raises(ProfileError) as e:
+        with_overrides(prof, **{key: spec})
+    text = str(e.value)
+    assert "one mount per target" in text and spec in text and "\n" not in text, text
+    with pytest.raises(ProfileError):  # also within one override's list
+        with_overrides(load("strict"), ro_bind=["/usr/share:/opt/b", "/opt:/opt/b"])
+
+
+def test_the_same_bind_twice_from_a_caller_is_one_mount() -> None:
+    p = with_overrides(load("strict"), ro_bind=["/usr:/opt/a", "/usr:/opt/a/"])
+    p = with_overrides(p, ro_bind="/usr:/usr")  # as the profile's own
+    targets = [m.target.rstrip("/") for m in p.mounts]
+    assert targets.count("/opt/a") == 1 and targets.count("/usr") == 1, targets
+
+
+_LONG_NAME = "a" * 300  # over NAME_MAX (255)
+_LONG_PATH = "/opt/" + "/".join(["c" * 200] * 25)  # over PATH_MAX (4096)
+
+
+@pytest.mark.parametrize("key, spec", [
+    ("ro_bind", f"/usr:/opt/{_LONG_NAME}"),
+    ("bind", f"{{tmp}}:/opt/{_LONG_NAME}"),
+    ("ro_bind", f"/usr:{_LONG_PATH}"),
+    ("ro_bind", "/" + "b" * 5000),  # said "does not exist"
+    ("ro_bind", "/usr:/opt/\ud800"),  # a UnicodeEncodeError from sandbox.run
+])
+def test_an_over_long_bind_path_is_refused_when_given(tmp_path, key: str, spec: str) -> None:
+    # Ran, and failed in the child (exit 125) naming the view's staging path /tmp/opt/aaa...
+    spec = spec.format(tmp=tmp_path)
+    with pytest.raises(ProfileError) as e:
+        with_overrides(load("strict"), **{key: spec})
+    text = str(e.value)
+    assert ("name too long" in text or "lone surrogate" in text) and f"override: {key} = " in text, text
+
+
+@pytest.mark.parametrize("body", [
+    f'ro_bind_try = ["/{_LONG_NAME}"]',  # failed at setup, with a wrong "likely cause"
+    f'ro_bind = ["/usr:/opt/{_LONG_NAME}"]',
+    f'workdir = "/opt/{_LONG_NAME}"',
+    f'workdir = "{_LONG_PATH}"',
+])
+def test_an_over_long_path_in_a_profile_is_refused_at_load(tmp_path, body: str) -> None:
+    with pytest.raises(ProfileError) as e:
+        _profile(tmp_path, f'extends = "strict"\n[filesystem]\n{body}\n', "long.toml")
+    text = str(e.value)
+    assert "name too long" in text and "long.toml: filesystem." in text, text
+
+
 def test_bind_beside_the_workdir_is_fine(tmp_path) -> None:
     p = with_overrides(load("strict"), ro_bind=["/usr:/workshop", "/usr:/opt/x", "/usr/share:/etc/share"])
     assert {m.target for m in p.mounts} >= {"/workshop", "/opt/x", "/etc/share"}
