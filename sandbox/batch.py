@@ -162,29 +162,31 @@ def _within(kw: dict[str, Any], prof: Profile) -> None:
     for key, what in HOST_KEYS.items():
         if kw.get(key) is not None:
             raise InputError(f"{key}: an untrusted request may not choose {what} {hint}")
-    net = kw.get("network")
-    if net is not None and net not in ("none", "loopback", prof.network):
-        raise InputError(f"network: {net!r} is more than the profile's {prof.network!r} {hint}")
-    overflow = kw.get("output_overflow")
-    if overflow is not None and overflow not in ("kill", prof.limits.output_overflow):  # drain runs on: more
-        raise InputError(f"output_overflow: {overflow!r} is more than the profile's "
-                         f"{prof.limits.output_overflow!r} {hint}")
-    asked = {k: kw[k] for k in LIMIT_KEYS if kw.get(k) is not None}
+    asked = {k: kw[k] for k in ("network", "output_overflow", *LIMIT_KEYS) if kw.get(k) is not None}
     if not asked:
         return
     from .profile import _LIMIT_OVERRIDES, with_overrides
     from .units import format_size
 
-    got = with_overrides(prof, **asked).limits  # (a bad value: the profile's own named error)
-    for key in asked:
+    got = with_overrides(prof, **asked)  # a bad value: the profile's own named error, as trusted
+    net = kw.get("network")
+    if net is not None and got.network != "none" and got.network != prof.network:
+        raise InputError(f"network: {net!r} is more than the profile's {prof.network!r} {hint}")
+    overflow = kw.get("output_overflow")
+    if overflow is not None and overflow not in ("kill", prof.limits.output_overflow):  # drain runs on: more
+        raise InputError(f"output_overflow: {overflow!r} is more than the profile's "
+                         f"{prof.limits.output_overflow!r} {hint}")
+    for key in (k for k in asked if k in LIMIT_KEYS):
         ceiling = getattr(prof.limits, key)
         if key == "timeout" and prof.limits.max_timeout is not None:
             ceiling = prof.limits.max_timeout  # the profile's own cap on a caller's timeout
-        new = getattr(got, key)
+        new = getattr(got.limits, key)
         if ceiling is not None and (new is None or new > ceiling):
             kind = _LIMIT_OVERRIDES[key]
             shown = format_size(ceiling) if kind == "size" else f"{ceiling:g}s" if kind == "duration" else f"{ceiling:g}"
-            raise InputError(f"{key}: {asked[key]!r} is above the {shown} of profile {prof.name!r}: an "
+            said_none = str(asked[key]).strip().lower() in ("unlimited", "none")
+            value = f"{asked[key]!r}" + (" (no limit)" if new is None and not said_none else "")
+            raise InputError(f"{key}: {value} is above the {shown} of profile {prof.name!r}: an "
                              f"untrusted request may only lower a limit {hint}")
 
 
@@ -562,6 +564,8 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
         if raw is None:
             yield n, _Invalid(f"longer than {MAX_LINE >> 20} MiB: not read")
             continue
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a byte order mark may open the file, as some editors write one
         if not raw.strip():
             continue
         if n == 1 and wide_text(raw):
@@ -572,9 +576,9 @@ def read_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             continue
         try:
             # UTF-8 only, decoded here: json.loads of bytes guesses UTF-16 or UTF-32 from the
-            # first bytes, while lines are split at the byte \n. A byte order mark may open the
-            # file, as some editors write one; the line ending goes, so columns count in the line.
-            text = (raw[3:] if n == 1 and raw.startswith(b"\xef\xbb\xbf") else raw).decode("utf-8").rstrip("\r\n")
+            # first bytes, while lines are split at the byte \n. The line ending goes, so
+            # columns count in the line.
+            text = raw.decode("utf-8").rstrip("\r\n")
             obj = strictjson.loads(text, unique_keys=True)
         except UnicodeDecodeError as e:
             yield n, _Invalid(f"not UTF-8 ({e.reason} at byte {e.start})")

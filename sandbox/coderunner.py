@@ -440,6 +440,8 @@ def main(argv: list[str]) -> int:
             p.error("-c: expected non-empty Python source")
         if ns.script is not None:  # with -c, every positional is an argument
             args.insert(0, ns.script)
+    elif ns.script is None and args:  # `sandboxrun python -- SCRIPT ARGS`, as `sandboxrun -- CMD ARGS`
+        ns.script = args.pop(0)
     elif ns.script is None:
         p.error("a SCRIPT or -c CODE is required")
     if ns.function is not None:

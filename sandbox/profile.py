@@ -918,26 +918,29 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
             mounts = list(changes.get("mounts", profile.mounts))
             for spec, m in zip(specs, extra, strict=True):
                 at = next((i for i, o in enumerate(mounts) if _norm(o.target) == _norm(m.target)), None)
-                if at is not None:  # as a profile file: one mount per target
-                    same = mounts[at]
-                    if (same.source, same.writable) != (m.source, m.writable):
-                        raise _error_for(src, key, spec)(
-                            f"binds {_norm(m.target)}, where {same.source} is bound "
-                            f"{'read-write' if same.writable else 'read-only'} already: one mount per target "
-                            "(the later would hide the earlier)")
-                    if same.optional:
-                        mounts[at] = records.replace(same, optional=False)  # the same bind, required now
-                    continue
+                same = None if at is None else mounts[at]
                 problem = (bind_problem(m.target, profile.workdir)
                            or _nested_bind_problem(m.target, [o.target for o in mounts])
                            or _kind_clash(m, tuple(mounts)))
+                if not problem and same and (same.source, same.writable) != (m.source, m.writable):
+                    problem = (f"binds {_norm(m.target)}, where {same.source} is bound "  # as a profile file's
+                               f"{'read-write' if same.writable else 'read-only'} already: one mount per target "
+                               "(the later would hide the earlier)")
                 if problem:
                     raise _error_for(src, key, spec)(problem)
+                if at is not None and same is not None:  # the same bind again: one mount
+                    if same.optional:
+                        mounts[at] = records.replace(same, optional=False)  # required now
+                    continue
                 from .hostpaths import lstat_through_real_dirs
 
                 # No planted link before its last component (the view checks again, and the
                 # child that it opened this very file): an InputError now, on every path.
-                if stat.S_ISLNK(lstat_through_real_dirs(m.source, f"{key} {m.source}").st_mode):
+                try:
+                    st = lstat_through_real_dirs(m.source, m.source)
+                except InputError as e:  # a link before the last component: named as the rest (--ro-bind at the CLI)
+                    raise _error_for(src, key, spec)(str(e).removeprefix(f"{m.source}: ")) from None
+                if stat.S_ISLNK(st.st_mode):
                     # A profile's own links are reproduced in the view (/bin -> usr/bin); a
                     # caller's could be one a run planted, pointing anywhere on the host.
                     raise _error_for(src, key, spec)(f"{m.source} is a symbolic link: give the real path")

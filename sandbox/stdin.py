@@ -43,6 +43,8 @@ def check_stream(fd: object, what: str = "stdin_from") -> None:
         mode = os.fstat(fd).st_mode
     except OSError as e:
         raise InputError(f"{what}: fd {fd}: {e.strerror}") from None
+    except OverflowError:  # past a C int: no fd is
+        raise InputError(f"{what}: fd {fd}: not an open file descriptor (too large)") from None
     if not copyable_input(mode):
         raise InputError(f"{what}: fd {fd} is not a pipe, a socket or a regular file")
     if write_only(fd):

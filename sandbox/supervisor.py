@@ -1433,6 +1433,8 @@ def _check_fd(fd: Any) -> None:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     except OSError as e:
         raise InputError(f"stdin_fd: {fd} is not an open file descriptor ({e.strerror})") from None
+    except OverflowError:  # past a C int: no fd is
+        raise InputError(f"stdin_fd: {fd} is not an open file descriptor (too large)") from None
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
     why = ("not open for reading (O_PATH)" if flags & os.O_PATH else

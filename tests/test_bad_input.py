@@ -139,6 +139,8 @@ LIBRARY: list[Any] = [
     ("stdin-wrong-type", ["cat"], {"stdin": 3}, "stdin"),
     ("stdin-from-wrong-type", ["cat"], {"stdin_from": "0"}, "stdin_from: expected a file descriptor"),
     ("stdin-from-closed", ["cat"], {"stdin_from": 1 << 20}, "stdin_from: fd 1048576"),
+    ("stdin-from-past-a-c-int", ["cat"], {"stdin_from": 2**70}, "stdin_from: fd 1180591620717411303424"),  # OverflowError
+    ("stdin-fd-past-a-c-int", ["cat"], {"stdin_fd": 2**70}, "stdin_fd: 1180591620717411303424 is not an open"),
     ("stdin-from-device", ["cat"], {"stdin_from": 0}, "not a pipe, a socket or a regular file"),  # /dev/null
     ("stdin-from-and-stdin", ["cat"], {"stdin_from": 0, "stdin": b"x"}, "give one of"),
     # a session's options: were "override: stdin_file: unknown setting", as if a profile key

@@ -859,6 +859,8 @@ def test_read_jsonl_is_utf8_only_and_counts_columns_in_the_line() -> None:
     assert cut.error == "invalid JSON: Expecting ',' delimiter at column 16", cut.error  # was "column 1"
     (_, bom), (_, mid) = read_jsonl(io.BytesIO(b'\xef\xbb\xbf{"command": "x"}\r\n\xef\xbb\xbf{"command": "y"}\n'))
     assert bom == {"command": "x"} and "invalid JSON" in mid.error  # a BOM opens a file only
+    ((n, first),) = read_jsonl(io.BytesIO(b'\xef\xbb\xbf\r\n{"command": "x"}\n'))  # a BOM, then a blank line
+    assert (n, first) == (2, {"command": "x"}), first  # was line 1: invalid JSON
 
 
 def test_progress_line_is_cleared_before_a_result_line() -> None:
@@ -900,7 +902,7 @@ def test_an_untrusted_request_chooses_no_profile_host_directory_or_network(isola
         ({"network": "host"}, "network: 'host' is more than the profile's 'none'"),
         ({"memory": "unlimited"}, "memory: 'unlimited' is above the 512MiB of profile 'strict'"),
         ({"memory": "1GiB"}, "memory: '1GiB' is above"),
-        ({"cpus": 0}, "cpus: 0 is above"),
+        ({"cpus": 0}, "cpus: 0 (no limit) is above the 1 of profile 'strict'"),  # was "0 is above the 1"
         ({"processes": 65}, "processes: 65 is above"),
         ({"kill_grace": 5}, "kill_grace: 5 is above"),
     ]
@@ -920,6 +922,17 @@ def test_an_untrusted_request_chooses_no_profile_host_directory_or_network(isola
             ok[0].isolation.limits["timeout_s"]) == (64 * 2**20, 20, 500)
     trusted = list(run_many([{"command": ["true"], "profile": str(evil)}], trusted=True))
     assert trusted[0].status == "ok" and trusted[0].isolation.seccomp == "off", trusted  # the caller's say
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"network": "bogus"}, "override: network = 'bogus': expected none, loopback or host"),
+    ({"network": 5}, "override: network = 5: expected none, loopback or host"),
+    ({"output_overflow": 5}, "override: output_overflow = 5: expected 'drain' or 'kill'"),
+])
+def test_an_untrusted_requests_invalid_value_is_named_as_invalid(extra: dict, why: str) -> None:
+    # It said "'bogus' is more than the profile's 'none'": as if a trusted caller could have it.
+    (item,) = run_many([{"command": ["true"], **extra}])
+    assert isinstance(item, BatchError) and item.error == why, item
 
 
 def test_an_untrusted_request_naming_the_batch_profile_gets_that_very_profile(isolated, tmp_path: Path) -> None:

@@ -176,6 +176,9 @@ def test_cli(calc: Path) -> None:
     assert (r.returncode, r.stdout) == (0, 'adding\n"ab"\n'), r.stderr
     r = cli("calc.py", "--", "-v", "--x", cwd=calc.parent)
     assert (r.returncode, r.stdout) == (0, "main ['-v', '--x']\n"), r.stderr
+    # `sandboxrun python -- SCRIPT ARGS`, as `sandboxrun -- CMD ARGS`: it said "a SCRIPT or -c CODE is required"
+    r = cli("--", "calc.py", "-v", cwd=calc.parent)
+    assert (r.returncode, r.stdout) == (0, "main ['-v']\n"), r.stderr
     r = cli("--json", "-f", "odd", "calc.py", cwd=calc.parent)
     d = json.loads(r.stdout)
     assert r.returncode == 0 and d["return_repr"] == "{1, 2}" and d["return_type"] == "set"
