@@ -968,7 +968,8 @@ def with_overrides(profile: Profile, **overrides: Any) -> Profile:
         else:
             known = ", ".join([*_LIMIT_OVERRIDES, "ro_bind", "bind", "network", "env", "hostname"])
             raise ProfileError(f"unknown setting (known: {known})", source=src, key=key)
-    needed = tuple(k for k in ("memory", "cpus") if overrides.get(k) is not None)
+    # (a limit asked for: "unlimited" and cpus 0 ask for none, which no cgroup has to enforce)
+    needed = tuple(k for k in ("memory", "cpus") if overrides.get(k) is not None and getattr(limits, k) is not None)
     if needed and profile.cgroup == "off":  # only a cgroup enforces them: never silently dropped
         raise ProfileError(f"profile {profile.name!r} has cgroup = 'off', and only a cgroup enforces this limit",
                            source=src, key=needed[0], value=overrides[needed[0]])

@@ -420,7 +420,7 @@ def make_plan(req: Request, work: Workdir, uid: int, gid: int) -> RunPlan:
 
     rl: list[tuple[str, int]] = [("core", 0), *fixed()]
     if lim.cpu_time is not None:
-        rl.append(("cpu_time", max(1, int(-(-lim.cpu_time // 1)))))  # ceil, without math's import
+        rl.append(("cpu_time", _cpu_rlimit(lim.cpu_time)))
     for key in ("address_space", "file_size", "open_files", "processes"):
         v = getattr(lim, key)
         if v is not None:
@@ -1256,6 +1256,11 @@ def _size(n: int | None) -> str:
     return format_size(n)
 
 
+def _cpu_rlimit(cpu_time: float) -> int:
+    """RLIMIT_CPU for a limit of `cpu_time` seconds: whole seconds, rounded up (no math import)."""
+    return max(1, int(-(-cpu_time // 1)))
+
+
 def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
     if report.error is not None:
         step, err, msg = report.error
@@ -1295,9 +1300,15 @@ def _classify(res: Result, report: _Report, lim: profiles.Limits) -> None:
         # of 60% each are no limit reached); the tree's where the child could not tell.
         cpu = report.own_cpu if report.own_cpu is not None else res.usage.cpu_user_s + res.usage.cpu_sys_s
         if res.usage.oom_kills and sig == signals.SIGKILL:
-            res.status, res.error = "memory_limit", f"killed by the OOM killer (memory limit {_size(lim.memory)})"
-        # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time used
-        elif sig in (signals.SIGXCPU, signals.SIGKILL) and lim.cpu_time and cpu >= lim.cpu_time * 0.95:
+            # The run reached its memory limit; whose SIGKILL this was, the kernel does not say
+            # (the OOM killer's, or the command's own after a child was OOM-killed).
+            res.status, res.error = "memory_limit", (f"SIGKILL after the OOM killer ended a process of the run "
+                                                     f"(memory limit {_size(lim.memory)}): likely its kill")
+        # The kernel's RLIMIT_CPU signals, told from the command's own `kill -XCPU` by the time
+        # used: the kernel's come once it reached the whole seconds the limit was set to (its
+        # tick-counted time against this clock's: a few ticks apart at most).
+        elif (sig in (signals.SIGXCPU, signals.SIGKILL) and lim.cpu_time
+              and cpu >= _cpu_rlimit(lim.cpu_time) - 0.03):
             res.status, res.error = "cpu_limit", f"CPU time limit of {lim.cpu_time:g}s"
         else:
             res.status = "signaled"

@@ -362,6 +362,10 @@ def test_a_limit_asked_of_an_optional_cgroup_that_cannot_be_had_fails_closed(
     assert (r.status, r.error_step, r.isolation) == ("setup_error", "cgroup", None), r
     assert needs in (r.error or "") and "profile 'rootless' runs without one" in (r.error or ""), r.error
     plain = sandbox.run(["true"], profile="rootless", processes=10)  # an rlimit too: no cgroup needed
+    # No limit asked for is no limit a cgroup must enforce: it ran nowhere (the cgroup required).
+    for none_asked in ({"memory": "unlimited"}, {"cpus": 0}, {"memory": "unlimited", "cpus": 0}):
+        free = sandbox.run(["true"], profile="rootless", **none_asked)  # type: ignore[arg-type]
+        assert free.status == "ok" and free.isolation is not None and free.isolation.cgroup == "none", free
     assert plain.status == "ok" and plain.isolation is not None and plain.isolation.cgroup == "none", plain
     # Nothing a cgroup counts could be counted: unknown, not "no OOM kill, no pids limit hit".
     assert (plain.usage.oom_kills, plain.usage.pids_limit_hit) == (None, None)
@@ -381,6 +385,7 @@ def test_a_limit_asked_of_a_profile_without_cgroups_is_refused(tmp_path: Path) -
     prof.write_text('extends = "rootless"\n[security]\ncgroup = "off"\n[limits]\nmemory = "unlimited"\ncpus = 0\n')
     with pytest.raises(sandbox.ProfileError, match="cgroup = 'off', and only a cgroup enforces this limit"):
         sandbox.run(["true"], profile=str(prof), memory="64MiB")
+    assert sandbox.run(["true"], profile=str(prof), memory="unlimited", cpus=0).status == "ok"  # no limit: no cgroup
     twice = sandbox.profile.with_overrides(sandbox.profile.load("rootless"), memory="64MiB")
     assert sandbox.profile.with_overrides(twice, memory="32MiB").cgroup_needed_by == ("memory",)
 

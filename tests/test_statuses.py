@@ -109,6 +109,24 @@ def test_cpu_limit_judges_the_commands_own_cpu_time_not_the_trees(contained, chi
     assert (r.status, r.signal, r.success) == ("signaled", "SIGXCPU", False), r
 
 
+def test_a_self_kill_short_of_the_cpu_limit_is_signaled(contained, child) -> None:
+    """1.92 s of a 2 s limit, then its own SIGKILL: it was called cpu_limit (any kill past 95%
+    of the limit was the kernel's), a limit it never reached. The kernel's comes at the limit."""
+    burn = "import os, time\nwhile time.process_time() < 1.92: pass\nos.kill(os.getpid(), 9)"
+    r = sandbox.run(["python3", "-c", burn], cpu_time="2s", timeout=30)
+    assert (r.status, r.signal) == ("signaled", "SIGKILL"), r
+
+
+def test_a_self_kill_after_an_oom_kill_is_not_called_the_oom_killers(contained) -> None:
+    """The OOM killer ended a child; the command then killed itself: its SIGKILL was stated
+    as the OOM killer's. The run did reach its memory limit; who sent the kill is not known."""
+    r = sandbox.run("python3 -c 'x = bytearray(1 << 30)' 2>/dev/null; kill -9 $$", shell=True,
+                    memory="64MiB", timeout=30)
+    assert (r.status, r.signal) == ("memory_limit", "SIGKILL") and r.usage.oom_kills >= 1, r
+    assert r.error == ("SIGKILL after the OOM killer ended a process of the run (memory limit 64MiB): "
+                       "likely its kill"), r.error
+
+
 def test_the_child_reports_the_commands_own_cpu_time(isolated, child, monkeypatch) -> None:
     """Both children (the native stage and the Python one) report the command's own CPU
     time apart from its reaped children's, which RLIMIT_CPU does not count."""
