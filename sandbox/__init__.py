@@ -13,7 +13,10 @@ import sys as _sys
 
 # Under a finite `ulimit -f` CPython can rename a cut .pyc into place (its short write goes
 # unchecked), and every later import of it fails ("marshal data too short"): write none then.
-if _resource.getrlimit(_resource.RLIMIT_FSIZE)[0] != _resource.RLIM_INFINITY:
+try:
+    if _resource.getrlimit(_resource.RLIMIT_FSIZE)[0] != _resource.RLIM_INFINITY:
+        _sys.dont_write_bytecode = True
+except OSError:  # prlimit64 denied (a seccomp profile): not known, so none; the run names the step
     _sys.dont_write_bytecode = True
 
 from .errors import InputError, ProfileError, SandboxError

@@ -543,7 +543,10 @@ def _more_files() -> None:
     command's own limit, limits.open_files, whatever ours is)."""
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except OSError:  # prlimit64 denied: left as it is (the run names its rlimits step)
+        return
     if soft < 1024 and (hard == resource.RLIM_INFINITY or hard > soft):
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (1024 if hard == resource.RLIM_INFINITY else min(1024, hard),

@@ -16,6 +16,8 @@ class SandboxError(Exception):
 class InputError(SandboxError, ValueError):
     """Bad input from the caller: argument, path, payload, request."""
 
+    errno: int | None = None  # a path the kernel refused: why (EMFILE is no bad path)
+
 
 class ProfileError(SandboxError, ValueError):
     """A profile that cannot be loaded or validated; names file, key and value."""

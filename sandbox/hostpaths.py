@@ -90,6 +90,12 @@ def _normalised(given: object, what: str) -> tuple[str, str]:
     return text, "/" + path.lstrip("/")  # normpath keeps a leading "//"
 
 
+def _refused(message: str, err: int | None) -> InputError:
+    e = InputError(message)
+    e.errno = err
+    return e
+
+
 def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
     """An O_PATH fd of `path`, opened one component at a time from `/`, each relative to the
     last and never through a symbolic link."""
@@ -105,7 +111,7 @@ def _walk(path: str, text: str, what: str, noun: str = "directory") -> int:
             except NotADirectoryError:
                 raise InputError(f"{what}: {cur.rsplit('/', 1)[0]} is not a directory") from None
             except OSError as e:
-                raise InputError(f"{what}: {cur}: {e.strerror}") from None
+                raise _refused(f"{what}: {cur}: {e.strerror}", e.errno) from None
             os.close(fd)
             fd = nfd
             if stat.S_ISLNK(os.fstat(fd).st_mode):
@@ -352,7 +358,7 @@ def lstat_through_real_dirs(given: str, what: str) -> os.stat_result:
     except FileNotFoundError:
         raise MissingPath(f"{what}: no such file or directory: {text}") from None
     except OSError as e:
-        raise InputError(f"{what}: {text}: {e.strerror}") from None
+        raise _refused(f"{what}: {text}: {e.strerror}", e.errno) from None
     finally:
         os.close(fd)
 

@@ -295,6 +295,8 @@ def _isolation(prof: Profile, plan: RunPlan | None, cg: cgroups.RunCgroup | None
 
 def _likely_cause(step: str, err: int) -> str:
     try:
+        if err in (errno.EMFILE, errno.ENFILE):  # (the diagnosis below opens files of its own: it would fail too)
+            return _no_more_files(err)
         from .doctor import likely_cause
 
         return likely_cause(step, err)

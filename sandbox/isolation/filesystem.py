@@ -224,7 +224,7 @@ def _open_sources(p: ViewOps, spec: ViewSpec) -> tuple[list[tuple[int | str, Bin
             if b.optional and missing:
                 continue
             # never a source opened unchecked: it could be reached through a link by then
-            raise OSError(errno.ENOENT if missing else errno.ELOOP, str(e)) from None
+            raise OSError(errno.ENOENT if missing else e.errno or errno.ELOOP, str(e)) from None  # (EMFILE too)
         if b.per_run:
             opened.append((None, b, stat.S_ISDIR(st.st_mode)))
             continue
