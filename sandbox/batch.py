@@ -276,6 +276,7 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
     inflight: collections.deque[Future[BatchItem]] = collections.deque()
     failed: list[BaseException] = []
     more = True
+    owner = os.getpid()
     _register(cancel, pool, slots)
 
     def ended(_fut: Future[BatchItem]) -> None:
@@ -315,22 +316,26 @@ def _stream(items: Iterator[tuple[int, Any]] | _Feed, workers: int, ordered: boo
                 return
             wake.wait(0.25)
     finally:
-        # Each step to its end though a second Ctrl-C or SIGTERM comes meanwhile: one that cut
-        # pool.shutdown short left the batch's slot cgroups behind.
-        from .supervisor import _Uninterrupted
+        # A forked copy of the caller finalizing its copy of us does nothing: the runs, the
+        # cancel pipe and the slot cgroups are its parent's (a cancel there killed the runs).
+        # Else each step to its end though a second Ctrl-C or SIGTERM comes meanwhile: one
+        # that cut pool.shutdown short left the batch's slot cgroups behind. (Inline, not a
+        # function of its own: a call is one more point where that Ctrl-C lands first.)
+        if os.getpid() == owner:
+            from .supervisor import _Uninterrupted
 
-        steady = _Uninterrupted()
-        if feed:
-            steady.do(feed.close)
-        steady.do(lambda: pool.shutdown(wait=False, cancel_futures=True))  # what has not started never will
-        steady.do(cancel.cancel)  # (a no-op for runs that all ended: the batch is over)
-        steady.do(_until_ended, inflight, wake)  # the runs under way, killed, and their teardown
-        steady.do(pool.shutdown)  # (their workers, done by now)
-        steady.do(slots.close)
-        steady.do(cancel.close)
-        steady.do(_unregister, cancel)
-        if sys.exc_info()[1] is None:  # (else the first interrupt is on its way out already)
-            steady.raise_pending()
+            steady = _Uninterrupted()
+            if feed:
+                steady.do(feed.close)
+            steady.do(lambda: pool.shutdown(wait=False, cancel_futures=True))  # what has not started never will
+            steady.do(cancel.cancel)  # (a no-op for runs that all ended: the batch is over)
+            steady.do(_until_ended, inflight, wake)  # the runs under way, killed, and their teardown
+            steady.do(pool.shutdown)  # (their workers, done by now)
+            steady.do(slots.close)
+            steady.do(cancel.close)
+            steady.do(_unregister, cancel)
+            if sys.exc_info()[1] is None:  # (else the first interrupt is on its way out already)
+                steady.raise_pending()
 
 
 def _until_ended(futures: Iterable[Future[BatchItem]], wake: _Wake) -> None:
@@ -398,6 +403,16 @@ def _register(cancel: Cancel, pool: ThreadPoolExecutor, slots: Slots) -> None:
 def _unregister(cancel: Cancel) -> None:
     with _live_lock:
         _live.pop(id(cancel), None)
+
+
+def _forget_batches_at_fork() -> None:
+    """A forked copy of the caller kills none of its parent's batches at its exit."""
+    global _live_lock
+    _live.clear()
+    _live_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_batches_at_fork)
 
 
 def _kill_live() -> None:

@@ -535,6 +535,8 @@ class ServerForker:
             self._proc = None
 
     def close(self) -> None:
+        if self._owner not in (0, os.getpid()):  # a forked copy's exit: the server is its parent's
+            return
         with self._lock:
             if self._sock is not None:
                 self._sock.close()

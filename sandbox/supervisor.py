@@ -1510,6 +1510,19 @@ def _execute_ended_at_exit(req: Request) -> Result:
                 _exit_own.discard(own)
 
 
+def _forget_runs_at_fork() -> None:
+    """In a forked copy of the caller: the runs under way, and the forkers serving them, are
+    the parent's. Its exit hook, cancelling through the pipe it shares with us, killed them
+    (and waited for runs it has no thread of); a lock held at the fork by another thread
+    would never be released here."""
+    global _exit_cancel, _exit_own, _exit_runs, _exit_lock, _forker_lock, _server, _native
+    _exit_cancel, _exit_own, _exit_runs, _exit_lock = None, set(), 0, _thread.allocate_lock()
+    _forker_lock, _server, _native = _thread.allocate_lock(), None, None
+
+
+os.register_at_fork(after_in_child=_forget_runs_at_fork)
+
+
 def _end_runs_at_exit(wait: float = 5.0) -> None:
     with _exit_lock:
         cancels = [*_exit_own, *([_exit_cancel] if _exit_cancel is not None else [])]

@@ -1770,3 +1770,53 @@ def test_state_entries_count_the_callers_own_state_dir_only(tmp_path: Path, monk
         assert other in leaks.state_entries()
     finally:
         os.rmdir(other)
+
+
+FORKED_CALLER = """
+import asyncio, os, sys, threading, time
+import sandbox
+
+cmds = [["sh", "-c", "sleep 1.5; echo done"] for _ in range(3)]
+results = []
+if {how!r} == "run_many":
+    it = sandbox.run_many([{{"command": c}} for c in [["echo", "done"], *cmds]], concurrency=4)
+    results.append(next(it))  # the batch under way, its generator suspended mid-loop
+    collect = lambda: results.extend(it)
+elif {how!r} == "daemon_thread":
+    ts = [threading.Thread(target=lambda c=c: results.append(sandbox.run(c)), daemon=True) for c in cmds]
+    [t.start() for t in ts]
+    collect = lambda: [t.join(20) for t in ts]
+else:
+    loop = asyncio.new_event_loop()
+    tasks = [loop.create_task(sandbox.run_async(c)) for c in cmds]
+    loop.run_until_complete(asyncio.sleep(0.3))
+    collect = lambda: results.extend(loop.run_until_complete(asyncio.gather(*tasks)))
+time.sleep(0.5)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a normal exit: its hooks and finalizers run, and must not touch our runs
+deadline = time.monotonic() + 10
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("the forked child hung at exit")
+        break
+    time.sleep(0.05)
+collect()
+print(sorted({{(r.status, r.stdout.strip(), r.error) for r in results}}), len(results))
+"""
+
+
+@pytest.mark.parametrize("how", ["run_many", "daemon_thread", "run_async"])
+def test_a_forked_copy_of_the_caller_that_exits_leaves_its_runs_alone(tmp_path: Path, how: str) -> None:
+    # A caller forks while runs are under way, and the copy exits normally: its exit hooks
+    # and the batch's finalizer ran in the copy, cancelled through the pipe it shares with
+    # us (the runs were killed), and the copy waited for runs it has no thread of.
+    script = tmp_path / "caller.py"
+    script.write_text(FORKED_CALLER.format(how=how))
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "hung" not in p.stdout
+    assert p.stdout.split("]")[0] + "]" == repr([("ok", "done", None)]), p.stdout + p.stderr
+    assert int(p.stdout.split()[-1]) >= 3

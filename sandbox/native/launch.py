@@ -211,6 +211,7 @@ class NativeForker:
         self.stage_clones = stage_clones
         self._failed: set[tuple[object, ...]] = set()
         self._lock = _thread.allocate_lock()
+        self._owner = os.getpid()
         # Network namespaces made ahead (long-lived callers only, like the templates).
         self.netns: ReadyNamespaces | None = None
         if templates:
@@ -280,6 +281,8 @@ class NativeForker:
         return Launched(pid, os.pidfd_open(pid), True, pid1=plan.pid_namespace, in_cgroup=in_cgroup)
 
     def close(self) -> None:
+        if self._owner != os.getpid():  # a forked copy's exit: its lock may have been held at the fork
+            return
         with self._lock:
             for fd in (self.templates or {}).values():
                 os.close(fd)
